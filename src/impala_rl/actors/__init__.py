@@ -1,0 +1,25 @@
+"""Actor backends behind one ``DistributedActors`` interface."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gymnasium as gym
+
+from impala_rl.actors.base import CollectedOutputs, DistributedActors, actor_seed
+from impala_rl.actors.sequential import SequentialDistributedActors
+from impala_rl.config import RunConfig
+from impala_rl.nn import ActorCritic
+
+
+def make_actors(cfg: RunConfig, env_factory: Callable[[], gym.Env],
+                model: ActorCritic) -> DistributedActors:
+    """The backend ``runner.backend`` names."""
+    backend = cfg.runner.backend
+    if backend == "sequential":
+        return SequentialDistributedActors(env_factory, model, cfg.algorithm, cfg.seed)
+    raise NotImplementedError(f"runner.backend={backend!r} is not available yet; use sequential")
+
+
+__all__ = ["CollectedOutputs", "DistributedActors", "SequentialDistributedActors", "actor_seed",
+           "make_actors"]

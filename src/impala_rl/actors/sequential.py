@@ -1,0 +1,65 @@
+"""In-process actors, stepped round-robin: deterministic for a seed, for debugging and tests."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from impala_rl.actors.base import CollectedOutputs, DistributedActors, actor_seed
+from impala_rl.rollout import ActorLoop
+
+
+class SequentialDistributedActors(DistributedActors):
+    """``num_actors`` actor loops run one after another in the learner's process.
+
+    Each :meth:`collect_outputs` runs the next ``actors_batch_size`` actors (round-robin) for
+    one unroll each, writing straight into column blocks of one batch buffer. Weights are
+    loaded at once, which is between unrolls by construction, so policy lag is always 0.
+    """
+
+    def start(self) -> None:
+        cfg = self.cfg
+        self.actors = [
+            ActorLoop(self.env_factory, cfg.envs_per_actor, copy.deepcopy(self._template),
+                      actor_seed(self.seed, i), cfg.n_rollout_steps)
+            for i in range(cfg.num_actors)
+        ]
+        for actor in self.actors:
+            actor.policy_version = self.policy_version
+        observation_space = self.actors[0].envs.single_observation_space
+        spec = self.spec(observation_space)
+        batch_spec = type(spec)(spec.T, spec.N * cfg.actors_batch_size, spec.obs_shape,
+                                spec.obs_dtype, spec.action_shape, spec.action_dtype)
+        self._batch = batch_spec.allocate()
+        self._next_actor = 0
+
+    def stop(self) -> None:
+        for actor in getattr(self, "actors", []):
+            actor.close()
+        self.actors = []
+
+    def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.policy_version += 1
+        cpu_state = {k: v.detach().to("cpu") for k, v in state_dict.items()}
+        for actor in self.actors:
+            actor.load_policy(cpu_state, self.policy_version)
+
+    def collect_outputs(self, learner_device: torch.device | str) -> CollectedOutputs:
+        n = self.cfg.envs_per_actor
+        env_steps = 0
+        for b in range(self.cfg.actors_batch_size):
+            actor = self.actors[self._next_actor]
+            self._next_actor = (self._next_actor + 1) % len(self.actors)
+            cols = slice(b * n, (b + 1) * n)
+            slot = {k: (v[cols] if k == "policy_version" else v[:, cols])
+                    for k, v in self._batch.items()}
+            result = actor.unroll(slot)
+            self.record_unroll(result)
+            env_steps += result.env_steps
+        t0 = time.perf_counter()
+        device = torch.device(learner_device)
+        batch = {k: v.to(device, copy=True) if device.type != "cpu" else v
+                 for k, v in self._batch.items()}
+        return CollectedOutputs(batch, 0, 0, time.perf_counter() - t0, env_steps)

@@ -1,0 +1,136 @@
+"""The ``impala`` command: ``train``, ``eval`` (``plot`` and ``bench`` come with monitoring)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+EPILOG = """examples:
+  impala train cartpole
+  impala train cartpole algorithm.lr=3e-4 seed=1 --run-dir runs/cp1
+  impala train --config my.yaml max_env_steps=100000
+  impala train --resume runs/cp1
+  impala eval runs/cp1 --episodes 20
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    from impala_rl.config import list_presets
+
+    parser = argparse.ArgumentParser(
+        prog="impala", description="IMPALA with V-trace: train and evaluate agents.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train an agent",
+                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    train.add_argument("items", nargs="*", metavar="[PRESET] [key=value ...]",
+                       help=f"a preset ({', '.join(list_presets())}) or YAML path, then "
+                       "config overrides such as algorithm.lr=3e-4")
+    train.add_argument("--config", help="a YAML config file (instead of a preset)")
+    train.add_argument("--run-dir", help="where to write the run (default runs/<env>-<time>)")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    ev = sub.add_parser("eval", help="evaluate a trained run's best policy")
+    ev.add_argument("run_dir")
+    ev.add_argument("--episodes", type=int, default=10)
+    ev.add_argument("--stochastic", action="store_true", help="sample instead of the mode")
+    ev.add_argument("--render", action="store_true", help="show the env (render_mode=human)")
+    ev.add_argument("--which", choices=("best", "last"), default="best")
+    ev.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _split_preset(items: list[str]) -> tuple[str | None, list[str]]:
+    """``[PRESET] [key=value ...]``: the first item is a preset unless it has an ``=``."""
+    if items and "=" not in items[0]:
+        return items[0], items[1:]
+    return None, items
+
+
+def _train(args: argparse.Namespace) -> int:
+    from impala_rl.config import load_config
+    from impala_rl.trainer import Trainer, load_run_config
+
+    preset, overrides = _split_preset(args.items)
+    if args.resume:
+        if preset or args.config:
+            raise _UsageError("--resume continues a run with its saved config; "
+                              "give only key=value overrides with it")
+        cfg = load_run_config(args.resume, overrides)
+        trainer = Trainer(cfg, run_dir=args.resume, resume=True)
+    else:
+        if preset and args.config:
+            raise _UsageError("give a preset or --config FILE, not both")
+        cfg = load_config(args.config or preset or "cartpole", overrides)
+        trainer = Trainer(cfg, run_dir=args.run_dir)
+    summary = trainer.train()
+    print(json.dumps(summary, indent=2))
+    return 130 if summary["stopped_because"] == "interrupted" else 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from impala_rl.envs import EnvFactory
+    from impala_rl.evaluation import evaluate
+    from impala_rl.trainer import load_policy
+
+    if args.episodes < 1:
+        raise _UsageError("--episodes must be >= 1")
+    policy = load_policy(Path(args.run_dir), args.which)
+    env_cfg = policy.config.env
+    kwargs = dict(env_cfg.kwargs)
+    if args.render:
+        kwargs["render_mode"] = "human"
+    factory = EnvFactory(env_cfg.id, kwargs, env_cfg.max_episode_steps)
+    n_parallel = 1 if args.render else args.episodes
+    returns: list[float] = []
+    while len(returns) < args.episodes:
+        result = evaluate(policy.model, factory, min(n_parallel, args.episodes - len(returns)),
+                          deterministic=not args.stochastic, seed=args.seed + len(returns))
+        returns += result.returns
+    print(json.dumps({"episodes": len(returns), "mean_return": float(np.mean(returns)),
+                      "std_return": float(np.std(returns)), "min_return": float(np.min(returns)),
+                      "max_return": float(np.max(returns))}, indent=2))
+    return 0
+
+
+class _UsageError(ValueError):
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.logging import RichHandler
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s",
+                        handlers=[RichHandler(show_path=False, show_time=False)])
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and (args.command != "train" or any(e.startswith("-") for e in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.items = [*args.items, *extra]
+    from impala_rl.checkpoint import CheckpointError
+    from impala_rl.config import ConfigError
+    from impala_rl.envs import EnvError
+    from impala_rl.learner import NonFiniteError
+    from impala_rl.trainer import RunDirError
+
+    user_errors = (ConfigError, EnvError, RunDirError, CheckpointError, NonFiniteError,
+                   _UsageError, NotImplementedError)
+    try:
+        if args.command == "train":
+            return _train(args)
+        return _eval(args)
+    except user_errors as exc:
+        print(f"impala: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("impala: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

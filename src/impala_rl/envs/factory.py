@@ -1,0 +1,133 @@
+"""Build environments from an ``env`` config section.
+
+``env.id`` is either a Gymnasium id or ``package.module:callable``. Every env is wrapped so
+the model sees one ``Box`` observation: image-like ``uint8`` boxes pass through unchanged (they
+stay ``uint8`` up to the network), everything else (Dict, Tuple, Discrete, MultiDiscrete,
+MultiBinary, multi-dimensional Box) is flattened to a float32 vector.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class EnvError(RuntimeError):
+    """An environment that cannot be built or used; the message says which and why."""
+
+
+def _is_image(space: spaces.Space) -> bool:
+    return isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+
+
+def model_observation_space(space: spaces.Space) -> spaces.Box:
+    """The ``Box`` the model receives for an env's observation space."""
+    if _is_image(space):
+        return space  # type: ignore[return-value]
+    if isinstance(space, spaces.Box) and len(space.shape) == 1 and space.dtype == np.float32:
+        return space
+    try:
+        flat = spaces.flatten_space(space)
+    except NotImplementedError as exc:
+        raise EnvError(f"observation space {space} is not supported: {exc}") from None
+    if not isinstance(flat, spaces.Box):
+        raise EnvError(f"observation space {space} does not flatten to a Box")
+    return spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32),
+                      dtype=np.float32)
+
+
+class ModelObservation(gym.ObservationWrapper):
+    """Presents any observation as the ``Box`` of :func:`model_observation_space`."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._source = env.observation_space
+        self.observation_space = model_observation_space(env.observation_space)
+        self._identity = self.observation_space is self._source
+
+    def observation(self, observation: Any) -> Any:
+        if self._identity:
+            return observation
+        if isinstance(self._source, spaces.Box):
+            return np.asarray(observation, dtype=np.float32).reshape(-1)
+        return spaces.flatten(self._source, observation).astype(np.float32)
+
+
+def _import_callable(spec: str) -> Callable[..., gym.Env]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise EnvError(f"env.id {spec!r}: expected 'package.module:callable'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EnvError(f"env.id {spec!r}: cannot import module {module_name!r} ({exc})") from None
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise EnvError(f"env.id {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise EnvError(f"env.id {spec!r}: {attr!r} is not callable")
+    return target
+
+
+class EnvFactory:
+    """A picklable callable that builds one wrapped env (sent to actor processes as is)."""
+
+    def __init__(self, env_id: str, kwargs: dict | None = None,
+                 max_episode_steps: int | None = None):
+        self.env_id = env_id
+        self.kwargs = dict(kwargs or {})
+        self.max_episode_steps = max_episode_steps
+
+    def __call__(self) -> gym.Env:
+        if ":" in self.env_id:
+            fn = _import_callable(self.env_id)
+            try:
+                env = fn(**self.kwargs)
+            except Exception as exc:
+                raise EnvError(
+                    f"env factory {self.env_id!r} raised {type(exc).__name__}: {exc}"
+                ) from exc
+            if not isinstance(env, gym.Env):
+                raise EnvError(
+                    f"env factory {self.env_id!r} returned {type(env).__name__}, "
+                    "not a gymnasium.Env"
+                )
+        else:
+            try:
+                env = gym.make(self.env_id, **self.kwargs)
+            except gym.error.Error as exc:
+                raise EnvError(f"env.id {self.env_id!r}: {exc}") from None
+            except TypeError as exc:
+                raise EnvError(f"env.kwargs for {self.env_id!r}: {exc}") from None
+        if self.max_episode_steps is not None:
+            env = gym.wrappers.TimeLimit(env, self.max_episode_steps)
+        return ModelObservation(env)
+
+    def __repr__(self) -> str:
+        return f"EnvFactory({self.env_id!r}, kwargs={self.kwargs!r})"
+
+
+def make_env_factory(env_cfg: Any) -> EnvFactory:
+    """Factory for the ``env`` config section; builds one env once to fail early."""
+    factory = EnvFactory(env_cfg.id, env_cfg.kwargs, env_cfg.max_episode_steps)
+    probe = factory()
+    probe.close()
+    return factory
+
+
+def make_vector_env(factory: Callable[[], gym.Env], num_envs: int) -> gym.vector.VectorEnv:
+    """A synchronous vector env with same-step autoreset.
+
+    On the step that ends an episode the env returns the next episode's first observation and
+    puts the final one in ``info["final_obs"]``, which truncation needs for its bootstrap.
+    """
+    return gym.vector.SyncVectorEnv(
+        [factory] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )

@@ -1,0 +1,165 @@
+"""One IMPALA update on a batch: forward, V-trace, losses, backward, clipping, optimizer step.
+
+Losses are kept per sub-step (``step_key``) and per critic (``critic_key``); a plain
+Gymnasium env has the single key ``0`` for both, and structured envs add keys without
+changing this flow.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from impala_rl import losses, vtrace
+from impala_rl.config import ImpalaAlgorithmConfig
+from impala_rl.nn import ActorCritic
+
+SINGLE_KEY = 0
+
+
+class NonFiniteError(FloatingPointError):
+    """A NaN or Inf in the observations or the loss: training cannot go on."""
+
+
+@dataclass
+class UpdateStats:
+    """What one update measured; the trainer turns it into events."""
+
+    total_loss: float
+    policy_loss: dict[int, float]
+    policy_entropy: dict[int, float]
+    policy_grad_norm: dict[int, float]
+    critic_value_loss: dict[int, float]
+    critic_value: dict[int, float]
+    critic_grad_norm: dict[int, float]
+    grad_norm: float
+    vtrace_mean_rho: dict[int, float]
+    vtrace_clipped_fraction: dict[int, float]
+    policy_lag: list[int]
+    learning_rate: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: ImpalaAlgorithmConfig) -> torch.optim.Optimizer:
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                                eps=cfg.optimizer_eps)
+    return torch.optim.RMSprop(model.parameters(), lr=cfg.lr, alpha=cfg.rmsprop_alpha,
+                               eps=cfg.optimizer_eps, momentum=cfg.rmsprop_momentum)
+
+
+def scheduled_lr(cfg: ImpalaAlgorithmConfig, env_steps: int, max_env_steps: int | None) -> float:
+    """The learning rate after ``env_steps`` under the configured schedule."""
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    horizon = cfg.lr_decay_env_steps or max_env_steps
+    frac = min(1.0, env_steps / horizon) if horizon else 0.0
+    return cfg.lr + (cfg.lr_final - cfg.lr) * frac
+
+
+def _grad_norm(params: list[torch.nn.Parameter]) -> float:
+    grads = [p.grad.detach().flatten() for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.cat(grads)))
+
+
+class Learner:
+    """Owns the trainable model and its optimizer; ``update`` runs one step on a batch."""
+
+    def __init__(self, model: ActorCritic, cfg: ImpalaAlgorithmConfig,
+                 device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.cfg = cfg
+        self.optimizer = make_optimizer(self.model, cfg)
+        self.num_updates = 0
+        self._policy_params = list(self.model.policy_parameters())
+        self._critic_params = list(self.model.critic_parameters())
+
+    def set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def update(self, batch: dict[str, torch.Tensor], train_policy: bool = True) -> UpdateStats:
+        """One optimizer step on ``batch`` (a slot dict, ``[T+1, B]`` / ``[T, B]``, on device).
+
+        ``train_policy=False`` is critic burn-in: only the baseline loss is minimised.
+        """
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        obs = batch["obs"]
+        if obs.is_floating_point() and not bool(torch.isfinite(obs).all()):
+            raise NonFiniteError("observations contain NaN or Inf")
+        self.model.train()
+        out = self.model(obs)  # dist over [T+1, B], value [T+1, B]
+        action = batch["action"]
+        padded = torch.cat([action, action[-1:]], dim=0)
+        target_log_prob = out.dist.log_prob(padded)[:-1]
+        entropy = out.dist.entropy()[:-1]
+        values = out.value[:-1]
+        bootstrap_value = out.value[-1].detach()
+        t1 = time.perf_counter()
+
+        terminated, truncated = batch["terminated"], batch["truncated"]
+        rewards = losses.clip_rewards(batch["reward"], cfg.reward_clipping)
+        rewards = rewards + cfg.gamma * truncated.float() * batch["truncation_value"]
+        discounts = cfg.gamma * (~(terminated | truncated)).float()
+        log_rhos = target_log_prob.detach() - batch["behaviour_log_prob"]
+        vt = vtrace.from_importance_weights(
+            log_rhos, discounts, rewards, values.detach(), bootstrap_value,
+            clip_rho_threshold=cfg.vtrace_clip_rho_threshold,
+            clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold,
+            clip_c_threshold=cfg.vtrace_clip_c_threshold,
+            lambda_=cfg.vtrace_lambda,
+        )
+        pg_loss = losses.policy_gradient_loss(target_log_prob, vt.pg_advantages)
+        value_loss = losses.baseline_loss(vt.vs, values)
+        ent_loss = losses.entropy_loss(entropy)
+        total = cfg.value_loss_coef * value_loss
+        if train_policy:
+            total = total + cfg.policy_loss_coef * pg_loss + cfg.entropy_coef * ent_loss
+        if not bool(torch.isfinite(total)):
+            raise NonFiniteError(
+                f"loss is not finite (policy {float(pg_loss)}, value {float(value_loss)}, "
+                f"entropy {float(ent_loss)}); lower algorithm.lr or check the env's rewards"
+            )
+        t2 = time.perf_counter()
+
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        policy_grad_norm = _grad_norm(self._policy_params)
+        critic_grad_norm = _grad_norm(self._critic_params)
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        self.optimizer.step()
+        self.num_updates += 1
+        t3 = time.perf_counter()
+
+        lag = (self.num_updates - 1 - batch["policy_version"]).tolist()
+        rhos = vt.rhos
+        rho_bar = cfg.vtrace_clip_rho_threshold
+        clipped = float((rhos > rho_bar).float().mean()) if rho_bar is not None else 0.0
+        k = SINGLE_KEY
+        return UpdateStats(
+            total_loss=float(total),
+            policy_loss={k: float(pg_loss)},
+            policy_entropy={k: float(entropy.detach().mean())},
+            policy_grad_norm={k: policy_grad_norm},
+            critic_value_loss={k: float(value_loss)},
+            critic_value={k: float(values.detach().mean())},
+            critic_grad_norm={k: critic_grad_norm},
+            grad_norm=grad_norm,
+            vtrace_mean_rho={k: float(rhos.mean())},
+            vtrace_clipped_fraction={k: clipped},
+            policy_lag=lag,
+            learning_rate=self.learning_rate,
+            timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1,
+                     "backprob": t3 - t2},
+        )

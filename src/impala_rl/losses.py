@@ -1,0 +1,89 @@
+"""IMPALA learner losses and reward clipping (Espeholt et al. 2018, section 4.2).
+
+All losses take time-major ``[T, B]`` tensors and return a scalar. They are **means** over time
+and batch, so their scale (and hence the right learning rate / loss coefficients) does not depend
+on the unroll length or the batch size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "REWARD_CLIPPING_MODES",
+    "baseline_loss",
+    "clip_rewards",
+    "entropy_loss",
+    "policy_gradient_loss",
+]
+
+REWARD_CLIPPING_MODES = ("none", "abs_one", "soft_asymmetric")
+
+
+def _check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    # Guard against silent broadcasting (e.g. [T, B] * [T, 1]).
+    if a.shape != b.shape:
+        raise ValueError(
+            f"{name_a} and {name_b} must have the same shape, "
+            f"got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+
+
+def policy_gradient_loss(action_log_probs: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """``-mean(log pi(a_t|x_t) * A_t)``.
+
+    Args:
+        action_log_probs: ``[T, B]`` log-probabilities of the taken actions (with gradient).
+        advantages: ``[T, B]`` V-trace advantages; detached here, they are constants.
+
+    Returns:
+        Scalar; mean over time and batch so the scale does not depend on unroll length or
+        batch size.
+    """
+    _check_same_shape("action_log_probs", action_log_probs, "advantages", advantages)
+    return -(action_log_probs * advantages.detach()).mean()
+
+
+def baseline_loss(vs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``0.5 * mean((v_s - V(x_s))^2)``: regress the baseline towards the V-trace targets.
+
+    Args:
+        vs: ``[T, B]`` V-trace targets; detached, gradient flows only into ``values``.
+        values: ``[T, B]`` baseline predictions ``V(x_s)``.
+    """
+    _check_same_shape("vs", vs, "values", values)
+    return 0.5 * (vs.detach() - values).pow(2).mean()
+
+
+def entropy_loss(entropy: torch.Tensor) -> torch.Tensor:
+    """``-mean(H(pi(.|x_t)))``: minimising it maximises policy entropy (exploration bonus).
+
+    Args:
+        entropy: ``[T, B]`` per-step policy entropies.
+    """
+    return -entropy.mean()
+
+
+def clip_rewards(rewards: torch.Tensor, mode: str) -> torch.Tensor:
+    """Clip/squash rewards before computing V-trace targets.
+
+    Modes:
+        ``"none"``: identity (returns ``rewards`` itself).
+        ``"abs_one"``: clamp to ``[-1, 1]``.
+        ``"soft_asymmetric"``: as in the IMPALA reference agent,
+            ``5 * where(r < 0, 0.3 * tanh(r / 5), tanh(r / 5))``; squashes large rewards
+            smoothly and down-weights negative ones.
+
+    Raises:
+        ValueError: for an unknown ``mode``.
+    """
+    if mode == "none":
+        return rewards
+    if mode == "abs_one":
+        return torch.clamp(rewards, -1.0, 1.0)
+    if mode == "soft_asymmetric":
+        squeezed = torch.tanh(rewards / 5.0)
+        return 5.0 * torch.where(rewards < 0, 0.3 * squeezed, squeezed)
+    raise ValueError(
+        f"unknown reward clipping mode {mode!r}; valid modes are {', '.join(REWARD_CLIPPING_MODES)}"
+    )

@@ -1,0 +1,106 @@
+"""Actor-critic network: MLP torso(s), an action head and a scalar value head."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import gymnasium
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from impala_rl.nn.distributions import ActionDistribution, ActionHead, make_action_head
+from impala_rl.nn.mlp import MLP
+
+__all__ = ["ActorCritic", "PolicyOutput"]
+
+
+@dataclass
+class PolicyOutput:
+    """Policy distribution and state value for a batch of observations."""
+
+    dist: ActionDistribution  # over [*batch]
+    value: Tensor  # [*batch]
+
+
+class ActorCritic(nn.Module):
+    """Actor-critic over a flattened ``Box`` observation.
+
+    Observations ``[*batch, *obs_shape]`` are flattened to ``[*batch, obs_dim]`` and cast to
+    float32. With ``shared_torso`` one MLP feeds both heads; otherwise the policy and value
+    each get their own MLP.
+    """
+
+    def __init__(
+        self,
+        observation_space: gymnasium.spaces.Box,
+        action_space: gymnasium.Space,
+        hidden_sizes: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        shared_torso: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(observation_space, gymnasium.spaces.Box):
+            raise ValueError(
+                f"ActorCritic needs a Box observation space, got {observation_space!r}; "
+                "flatten Dict/Tuple/Discrete observations on the env side first"
+            )
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.obs_shape: tuple[int, ...] = tuple(observation_space.shape)
+        self.obs_dim = int(np.prod(self.obs_shape, dtype=np.int64))
+        self.shared_torso = bool(shared_torso)
+
+        self.policy_torso = MLP(self.obs_dim, hidden_sizes, activation)
+        self.value_torso: MLP | None = (
+            None if self.shared_torso else MLP(self.obs_dim, hidden_sizes, activation)
+        )
+        value_in = self.policy_torso.out_features
+        if self.value_torso is not None:
+            value_in = self.value_torso.out_features
+
+        self.action_head: ActionHead = make_action_head(
+            action_space, self.policy_torso.out_features
+        )
+        self.value_head = nn.Linear(value_in, 1)
+        nn.init.orthogonal_(self.value_head.weight, gain=1.0)
+        nn.init.zeros_(self.value_head.bias)
+
+    def _flatten(self, obs: Tensor) -> Tensor:
+        """``[*batch, *obs_shape]`` -> float32 ``[*batch, obs_dim]``."""
+        n = len(self.obs_shape)
+        batch_ndim = obs.ndim - n
+        if batch_ndim < 0 or tuple(obs.shape[batch_ndim:]) != self.obs_shape:
+            raise ValueError(
+                f"Expected observations of shape [*batch, {', '.join(map(str, self.obs_shape))}]"
+                f", got {tuple(obs.shape)}"
+            )
+        return obs.reshape(*obs.shape[:batch_ndim], self.obs_dim).to(torch.float32)
+
+    def _value_from(self, x: Tensor, policy_features: Tensor | None) -> Tensor:
+        if self.value_torso is None:
+            features = policy_features if policy_features is not None else self.policy_torso(x)
+        else:
+            features = self.value_torso(x)
+        return self.value_head(features).squeeze(-1)
+
+    def forward(self, obs: Tensor) -> PolicyOutput:
+        """Return the action distribution and value for ``obs [*batch, *obs_shape]``."""
+        x = self._flatten(obs)
+        policy_features = self.policy_torso(x)
+        dist = self.action_head(policy_features)
+        return PolicyOutput(dist=dist, value=self._value_from(x, policy_features))
+
+    def value(self, obs: Tensor) -> Tensor:
+        """State values ``[*batch]`` for ``obs [*batch, *obs_shape]``."""
+        return self._value_from(self._flatten(obs), None)
+
+    def policy_parameters(self) -> list[nn.Parameter]:
+        """Parameters the policy loss trains (the shared torso included)."""
+        return [*self.policy_torso.parameters(), *self.action_head.parameters()]
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """Parameters the value loss trains (the shared torso included)."""
+        torso = self.policy_torso if self.value_torso is None else self.value_torso
+        return [*torso.parameters(), *self.value_head.parameters()]

@@ -1,0 +1,353 @@
+"""Action distributions and action heads, one per supported Gymnasium action space.
+
+Every distribution works over arbitrary leading batch dims ``[*batch]`` and samples with an
+optional explicit :class:`torch.Generator`, so each actor can draw reproducible actions.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import gymnasium
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "SUPPORTED_ACTION_SPACES",
+    "ActionDistribution",
+    "ActionHead",
+    "BernoulliDistribution",
+    "BoxHead",
+    "CategoricalDistribution",
+    "DiagGaussianDistribution",
+    "DiscreteHead",
+    "MultiBinaryHead",
+    "MultiCategoricalDistribution",
+    "MultiDiscreteHead",
+    "make_action_head",
+]
+
+SUPPORTED_ACTION_SPACES: tuple[str, ...] = ("Discrete", "MultiDiscrete", "MultiBinary", "Box")
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def _noise(
+    shape: Sequence[int], like: Tensor, generator: torch.Generator | None, normal: bool = False
+) -> Tensor:
+    """Draw U[0, 1) (or N(0, 1)) noise of ``shape`` for ``like`` (device/dtype) via ``generator``.
+
+    The noise is drawn on the generator's own device (so a CPU generator works for CUDA
+    tensors) and then moved next to ``like``.
+    """
+    device = generator.device if generator is not None else like.device
+    draw = torch.randn if normal else torch.rand
+    noise = draw(tuple(shape), generator=generator, device=device, dtype=torch.float32)
+    return noise.to(device=like.device, dtype=like.dtype)
+
+
+class ActionDistribution(ABC):
+    """A batch of action distributions with leading batch dims ``[*batch]``."""
+
+    @property
+    @abstractmethod
+    def batch_shape(self) -> torch.Size:
+        """Leading batch dims of this distribution."""
+
+    @abstractmethod
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        """Draw one action per batch element (reproducible given ``generator``)."""
+
+    @abstractmethod
+    def log_prob(self, actions: Tensor) -> Tensor:
+        """Log-probability of ``actions``, summed over action components: ``[*batch]``."""
+
+    @abstractmethod
+    def entropy(self) -> Tensor:
+        """Entropy, summed over action components: ``[*batch]``."""
+
+    @abstractmethod
+    def mode(self) -> Tensor:
+        """Most likely (deterministic) action, for evaluation."""
+
+
+class CategoricalDistribution(ActionDistribution):
+    """Categorical over ``n`` classes from ``logits [*batch, n]``; actions ``[*batch]`` int64."""
+
+    def __init__(self, logits: Tensor) -> None:
+        if logits.ndim < 1:
+            raise ValueError("CategoricalDistribution needs logits with a trailing class dim")
+        self.logits = logits - logits.logsumexp(dim=-1, keepdim=True)
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.logits.shape[:-1]
+
+    @property
+    def probs(self) -> Tensor:
+        return self.logits.exp()
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        # Gumbel-max trick: argmax(logits + Gumbel noise) ~ Categorical(softmax(logits)).
+        with torch.no_grad():
+            u = _noise(self.logits.shape, self.logits, generator)
+            u = u.clamp_(min=torch.finfo(u.dtype).tiny)
+            gumbel = -torch.log(-torch.log(u))
+            return torch.argmax(self.logits.detach() + gumbel, dim=-1)
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        idx = actions.long().unsqueeze(-1)
+        logits = self.logits
+        if idx.shape[:-1] != logits.shape[:-1]:
+            logits = logits.expand(*idx.shape[:-1], logits.shape[-1])
+        return logits.gather(-1, idx).squeeze(-1)
+
+    def entropy(self) -> Tensor:
+        logits = self.logits.clamp(min=torch.finfo(self.logits.dtype).min)
+        return -(logits.exp() * logits).sum(dim=-1)
+
+    def mode(self) -> Tensor:
+        return self.logits.argmax(dim=-1)
+
+
+class MultiCategoricalDistribution(ActionDistribution):
+    """Independent categoricals from ``logits [*batch, sum(nvec)]``; actions ``[*batch, k]``."""
+
+    def __init__(self, logits: Tensor, nvec: Sequence[int]) -> None:
+        self.nvec = tuple(int(n) for n in nvec)
+        if logits.shape[-1] != sum(self.nvec):
+            raise ValueError(
+                f"logits trailing dim {logits.shape[-1]} != sum(nvec) = {sum(self.nvec)}"
+            )
+        self.components = [
+            CategoricalDistribution(chunk) for chunk in torch.split(logits, self.nvec, dim=-1)
+        ]
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.components[0].batch_shape
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        return torch.stack([c.sample(generator) for c in self.components], dim=-1)
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        parts = [c.log_prob(actions[..., i]) for i, c in enumerate(self.components)]
+        return torch.stack(parts, dim=-1).sum(dim=-1)
+
+    def entropy(self) -> Tensor:
+        return torch.stack([c.entropy() for c in self.components], dim=-1).sum(dim=-1)
+
+    def mode(self) -> Tensor:
+        return torch.stack([c.mode() for c in self.components], dim=-1)
+
+
+class BernoulliDistribution(ActionDistribution):
+    """Independent Bernoullis from ``logits [*batch, n]``; actions ``[*batch, n]`` (0/1)."""
+
+    def __init__(self, logits: Tensor) -> None:
+        self.logits = logits
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.logits.shape[:-1]
+
+    @property
+    def probs(self) -> Tensor:
+        return torch.sigmoid(self.logits)
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        with torch.no_grad():
+            u = _noise(self.logits.shape, self.logits, generator)
+            return (u < torch.sigmoid(self.logits.detach())).long()
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        a = actions.to(self.logits.dtype)
+        logits = self.logits
+        if a.shape != logits.shape:
+            logits, a = torch.broadcast_tensors(logits, a)
+        return -F.binary_cross_entropy_with_logits(logits, a, reduction="none").sum(dim=-1)
+
+    def entropy(self) -> Tensor:
+        p = torch.sigmoid(self.logits)
+        return F.binary_cross_entropy_with_logits(self.logits, p, reduction="none").sum(dim=-1)
+
+    def mode(self) -> Tensor:
+        return (self.logits > 0).long()
+
+
+class DiagGaussianDistribution(ActionDistribution):
+    """Diagonal Gaussian from ``mean [*batch, d]`` and broadcastable ``log_std``."""
+
+    def __init__(self, mean: Tensor, log_std: Tensor) -> None:
+        self.mean = mean
+        self.log_std = log_std.expand_as(mean)
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.mean.shape[:-1]
+
+    @property
+    def std(self) -> Tensor:
+        return self.log_std.exp()
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        with torch.no_grad():
+            noise = _noise(self.mean.shape, self.mean, generator, normal=True)
+            return self.mean.detach() + self.std.detach() * noise
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        z = (actions.to(self.mean.dtype) - self.mean) / self.std
+        return (-0.5 * z.pow(2) - self.log_std - 0.5 * _LOG_2PI).sum(dim=-1)
+
+    def entropy(self) -> Tensor:
+        return (0.5 + 0.5 * _LOG_2PI + self.log_std).sum(dim=-1)
+
+    def mode(self) -> Tensor:
+        return self.mean
+
+
+def _small_linear(in_features: int, out_features: int, gain: float = 0.01) -> nn.Linear:
+    """Linear layer with orthogonal init (small gain) and zero bias, for policy outputs."""
+    layer = nn.Linear(in_features, out_features)
+    nn.init.orthogonal_(layer.weight, gain=gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _to_numpy(actions: Tensor) -> np.ndarray:
+    return actions.detach().cpu().numpy()
+
+
+class ActionHead(nn.Module, ABC):
+    """Maps features ``[*batch, F]`` to an :class:`ActionDistribution` over ``[*batch]``.
+
+    ``action_shape`` / ``action_dtype`` describe one action as the model stores it (e.g. in a
+    rollout buffer); :meth:`to_env` converts model actions into what the env expects.
+    """
+
+    action_shape: tuple[int, ...]
+    action_dtype: torch.dtype
+
+    def __init__(self, action_space: gymnasium.Space) -> None:
+        super().__init__()
+        self.action_space = action_space
+
+    @abstractmethod
+    def forward(self, features: Tensor) -> ActionDistribution:
+        """Return the action distribution for ``features [*batch, F]``."""
+
+    @abstractmethod
+    def to_env(self, actions: Tensor) -> np.ndarray:
+        """Convert model actions ``[N, *action_shape]`` into a vector-env action batch."""
+
+
+class DiscreteHead(ActionHead):
+    """Head for ``Discrete(n, start)``; model actions are ``0..n-1``, env gets ``start + a``."""
+
+    def __init__(self, action_space: gymnasium.spaces.Discrete, in_features: int) -> None:
+        super().__init__(action_space)
+        self.n = int(action_space.n)
+        self.start = int(action_space.start)
+        self.action_shape = ()
+        self.action_dtype = torch.int64
+        self.logits = _small_linear(in_features, self.n)
+
+    def forward(self, features: Tensor) -> CategoricalDistribution:
+        return CategoricalDistribution(self.logits(features))
+
+    def to_env(self, actions: Tensor) -> np.ndarray:
+        return _to_numpy(actions).astype(np.int64) + self.start
+
+
+class MultiDiscreteHead(ActionHead):
+    """Head for ``MultiDiscrete(nvec, start)`` (any nvec shape, flattened to ``k`` components)."""
+
+    def __init__(self, action_space: gymnasium.spaces.MultiDiscrete, in_features: int) -> None:
+        super().__init__(action_space)
+        self.space_shape = tuple(action_space.shape)
+        self.nvec = tuple(int(n) for n in np.asarray(action_space.nvec).reshape(-1))
+        self.start = np.asarray(action_space.start, dtype=np.int64).reshape(-1)
+        self.action_shape = (len(self.nvec),)
+        self.action_dtype = torch.int64
+        self.logits = _small_linear(in_features, sum(self.nvec))
+
+    def forward(self, features: Tensor) -> MultiCategoricalDistribution:
+        return MultiCategoricalDistribution(self.logits(features), self.nvec)
+
+    def to_env(self, actions: Tensor) -> np.ndarray:
+        arr = _to_numpy(actions).astype(np.int64) + self.start
+        return arr.reshape(arr.shape[:-1] + self.space_shape)
+
+
+class MultiBinaryHead(ActionHead):
+    """Head for ``MultiBinary(n)`` (any shape, flattened); the env gets an int8 array."""
+
+    def __init__(self, action_space: gymnasium.spaces.MultiBinary, in_features: int) -> None:
+        super().__init__(action_space)
+        self.space_shape = tuple(action_space.shape)
+        self.n = int(np.prod(self.space_shape, dtype=np.int64))
+        self.action_shape = (self.n,)
+        self.action_dtype = torch.int64
+        self.logits = _small_linear(in_features, self.n)
+
+    def forward(self, features: Tensor) -> BernoulliDistribution:
+        return BernoulliDistribution(self.logits(features))
+
+    def to_env(self, actions: Tensor) -> np.ndarray:
+        arr = _to_numpy(actions).astype(np.int8)
+        return arr.reshape(arr.shape[:-1] + self.space_shape)
+
+
+class BoxHead(ActionHead):
+    """Head for a ``Box`` action space: Gaussian mean + state-independent learnable log-std.
+
+    Samples stay unclipped (for exact log-probs); :meth:`to_env` clips to the bounds
+    (infinite bounds mean no clipping) and reshapes to the space shape.
+    """
+
+    def __init__(self, action_space: gymnasium.spaces.Box, in_features: int) -> None:
+        super().__init__(action_space)
+        self.space_shape = tuple(action_space.shape)
+        self.dim = int(np.prod(self.space_shape, dtype=np.int64))
+        self.action_shape = (self.dim,)
+        self.action_dtype = torch.float32
+        self.env_dtype = np.dtype(action_space.dtype)
+        self.low = np.asarray(action_space.low, dtype=np.float64).reshape(-1)
+        self.high = np.asarray(action_space.high, dtype=np.float64).reshape(-1)
+        self.mean = _small_linear(in_features, self.dim)
+        self.log_std = nn.Parameter(torch.zeros(self.dim))
+
+    def forward(self, features: Tensor) -> DiagGaussianDistribution:
+        return DiagGaussianDistribution(self.mean(features), self.log_std)
+
+    def to_env(self, actions: Tensor) -> np.ndarray:
+        arr = np.clip(_to_numpy(actions).astype(np.float64), self.low, self.high)
+        if np.issubdtype(self.env_dtype, np.integer):
+            arr = np.rint(arr)
+        arr = arr.astype(self.env_dtype)
+        return arr.reshape(arr.shape[:-1] + self.space_shape)
+
+
+def make_action_head(action_space: gymnasium.Space, in_features: int) -> ActionHead:
+    """Build the :class:`ActionHead` matching ``action_space``.
+
+    Raises:
+        ValueError: if the space is not one of :data:`SUPPORTED_ACTION_SPACES`.
+    """
+    spaces = gymnasium.spaces
+    if isinstance(action_space, spaces.Discrete):
+        return DiscreteHead(action_space, in_features)
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return MultiDiscreteHead(action_space, in_features)
+    if isinstance(action_space, spaces.MultiBinary):
+        return MultiBinaryHead(action_space, in_features)
+    if isinstance(action_space, spaces.Box):
+        return BoxHead(action_space, in_features)
+    raise ValueError(
+        f"Unsupported action space {action_space!r}; supported action spaces are: "
+        f"{', '.join(SUPPORTED_ACTION_SPACES)}"
+    )

@@ -1,0 +1,175 @@
+"""The actor loop every backend runs: step a vector env with a policy copy, fill one slot.
+
+A slot holds one unroll of ``T`` steps of ``N`` envs, time-major:
+
+=====================  =================  ==================================================
+field                  shape              meaning
+=====================  =================  ==================================================
+``obs``                ``[T+1, N, *o]``   observation before step t; ``obs[T]`` bootstraps
+``first``              ``[T+1, N]``       ``obs[t]`` starts an episode (resets an LSTM core)
+``action``             ``[T, N, *a]``     action taken (unclipped sample)
+``behaviour_log_prob`` ``[T, N]``         log mu(a_t | x_t) of the acting policy
+``reward``             ``[T, N]``         reward (unclipped)
+``terminated``         ``[T, N]``         the episode ended for good: no bootstrap
+``truncated``          ``[T, N]``         the episode was cut (time limit): bootstrap
+``truncation_value``   ``[T, N]``         V(final obs) of the acting policy where truncated
+``policy_version``     ``[N]``            learner update count of the acting policy
+=====================  =================  ==================================================
+
+With same-step autoreset ``obs[t+1]`` already belongs to the next episode when step ``t``
+ended one; the learner's discount is zero there, so no value leaks across the reset, and
+truncation adds ``gamma * truncation_value`` instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from impala_rl.envs import make_vector_env
+from impala_rl.nn import ActorCritic
+
+STEP_FIELDS = ("action", "behaviour_log_prob", "reward", "terminated", "truncated",
+               "truncation_value")
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """Shapes and dtypes of a slot: ``T`` steps of ``N`` envs."""
+
+    T: int
+    N: int
+    obs_shape: tuple[int, ...]
+    obs_dtype: torch.dtype
+    action_shape: tuple[int, ...]
+    action_dtype: torch.dtype
+
+    def field_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        T, N = self.T, self.N
+        return {
+            "obs": ((T + 1, N, *self.obs_shape), self.obs_dtype),
+            "first": ((T + 1, N), torch.bool),
+            "action": ((T, N, *self.action_shape), self.action_dtype),
+            "behaviour_log_prob": ((T, N), torch.float32),
+            "reward": ((T, N), torch.float32),
+            "terminated": ((T, N), torch.bool),
+            "truncated": ((T, N), torch.bool),
+            "truncation_value": ((T, N), torch.float32),
+            "policy_version": ((N,), torch.int64),
+        }
+
+    def allocate(self, share_memory: bool = False) -> dict[str, torch.Tensor]:
+        slot = {name: torch.zeros(shape, dtype=dtype)
+                for name, (shape, dtype) in self.field_shapes().items()}
+        if share_memory:
+            for t in slot.values():
+                t.share_memory_()
+        return slot
+
+
+def concat_slots(slots: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Join slots along the batch axis: ``[T(+1), N]`` each -> ``[T(+1), sum N]``."""
+    if len(slots) == 1:
+        return {k: v.clone() for k, v in slots[0].items()}
+    out = {}
+    for name in slots[0]:
+        dim = 0 if name == "policy_version" else 1
+        out[name] = torch.cat([s[name] for s in slots], dim=dim)
+    return out
+
+
+def torch_dtype(np_dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=np_dtype)).dtype
+
+
+def rollout_spec_for(model: ActorCritic, observation_space: gym.spaces.Box, T: int,
+                     N: int) -> RolloutSpec:
+    head = model.action_head
+    return RolloutSpec(T=T, N=N, obs_shape=tuple(observation_space.shape),
+                       obs_dtype=torch_dtype(observation_space.dtype),
+                       action_shape=tuple(head.action_shape), action_dtype=head.action_dtype)
+
+
+@dataclass
+class UnrollResult:
+    """What an unroll reports besides the slot contents."""
+
+    episode_returns: list[float]
+    episode_lengths: list[int]
+    env_steps: int
+
+
+class ActorLoop:
+    """One actor: a vector env of ``num_envs`` envs and a CPU copy of the policy.
+
+    ``seed`` fixes the envs' reset seeds and the action sampler, so a backend that runs the
+    same actor index with the same weights produces the same slot contents.
+    """
+
+    def __init__(self, env_factory: Callable[[], gym.Env], num_envs: int, model: ActorCritic,
+                 seed: int, unroll_length: int):
+        self.envs = make_vector_env(env_factory, num_envs)
+        self.model = model
+        self.model.eval()
+        self.num_envs = num_envs
+        self.T = unroll_length
+        self.policy_version = 0
+        self.generator = torch.Generator().manual_seed(seed)
+        obs, _ = self.envs.reset(seed=seed)
+        self.obs = torch.as_tensor(obs)
+        self.first = torch.ones(num_envs, dtype=torch.bool)
+        self.ep_return = np.zeros(num_envs, dtype=np.float64)
+        self.ep_length = np.zeros(num_envs, dtype=np.int64)
+
+    def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Take new weights; only ever called between unrolls."""
+        self.model.load_state_dict(state_dict)
+        self.policy_version = version
+
+    @torch.no_grad()
+    def unroll(self, slot: dict[str, torch.Tensor]) -> UnrollResult:
+        """Run ``T`` steps of every env, writing them into ``slot`` (see module docstring)."""
+        head = self.model.action_head
+        returns: list[float] = []
+        lengths: list[int] = []
+        for t in range(self.T):
+            slot["obs"][t] = self.obs
+            slot["first"][t] = self.first
+            out = self.model(self.obs)
+            action = out.dist.sample(self.generator)
+            slot["action"][t] = action
+            slot["behaviour_log_prob"][t] = out.dist.log_prob(action)
+            obs, reward, terminated, truncated, info = self.envs.step(head.to_env(action))
+            slot["reward"][t] = torch.from_numpy(np.asarray(reward, dtype=np.float32))
+            term = torch.from_numpy(np.asarray(terminated, dtype=bool))
+            trunc = torch.from_numpy(np.asarray(truncated, dtype=bool)) & ~term
+            slot["terminated"][t] = term
+            slot["truncated"][t] = trunc
+            trunc_value = slot["truncation_value"][t]
+            trunc_value.zero_()
+            if trunc.any():
+                idx = trunc.nonzero().flatten()
+                final = np.stack([info["final_obs"][i] for i in idx.tolist()])
+                trunc_value[idx] = self.model.value(torch.as_tensor(final)).float()
+            self.ep_return += reward
+            self.ep_length += 1
+            done = np.logical_or(terminated, truncated)
+            if done.any():
+                for i in np.flatnonzero(done):
+                    returns.append(float(self.ep_return[i]))
+                    lengths.append(int(self.ep_length[i]))
+                self.ep_return[done] = 0.0
+                self.ep_length[done] = 0
+            self.first = torch.from_numpy(done.copy())
+            self.obs = torch.as_tensor(obs)
+        slot["obs"][self.T] = self.obs
+        slot["first"][self.T] = self.first
+        slot["policy_version"].fill_(self.policy_version)
+        return UnrollResult(returns, lengths, self.T * self.num_envs)
+
+    def close(self) -> None:
+        self.envs.close()

@@ -1,0 +1,403 @@
+"""The training run: epochs of updates, evaluation, model selection, stopping, checkpoints.
+
+A run directory holds ``config.yaml`` (the resolved config), ``checkpoints/last.pt`` (every
+epoch, atomic), ``checkpoints/best.pt`` (the best evaluation so far), ``metrics.jsonl``,
+TensorBoard files under ``tb/`` and, at the end, ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import signal
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from impala_rl import checkpoint
+from impala_rl.actors import make_actors
+from impala_rl.config import RunConfig, config_from_dict, to_dict, to_yaml
+from impala_rl.envs import EnvFactory, make_env_factory
+from impala_rl.evaluation import evaluate
+from impala_rl.events import ImpalaEvents, RunEvents
+from impala_rl.learner import Learner, NonFiniteError, scheduled_lr
+from impala_rl.nn import ActorCritic
+from impala_rl.nn.factory import build_model
+from impala_rl.stats import EpochStatsAggregator, EventRecorder
+from impala_rl.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter
+
+log = logging.getLogger(__name__)
+
+STOP_REASONS = ("n_epochs", "patience", "target_return", "max_env_steps", "max_wall_time_s",
+                "interrupted", "error")
+
+
+class RunDirError(RuntimeError):
+    """A run directory that is missing or not a run directory."""
+
+
+@dataclass
+class Counters:
+    """Progress that survives a resume."""
+
+    epoch: int = 0
+    updates: int = 0
+    env_steps: int = 0
+    episodes: int = 0
+    wall_time_s: float = 0.0
+    best_eval_return: float = float("-inf")
+    epochs_without_improvement: int = 0
+    last_eval_return: float | None = None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"algorithm.device={name!r} but CUDA is not available; use cpu or auto")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def default_run_dir(cfg: RunConfig) -> Path:
+    env = cfg.env.id.replace(":", "_").replace("/", "_")
+    return Path("runs") / f"{env}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+@contextmanager
+def _stop_on_signals(flag: dict[str, bool]):
+    """First Ctrl-C / SIGTERM asks the loop to stop after the current update; a second aborts."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag["stop"]:
+            raise KeyboardInterrupt
+        flag["stop"] = True
+        log.warning("stopping after this update (press Ctrl-C again to abort)")
+
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: no signal handling
+        previous = {}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+class Trainer:
+    """Runs one training run as the config describes; :meth:`train` returns the summary."""
+
+    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, resume: bool = False):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir or cfg.log.run_dir or default_run_dir(cfg))
+        self.resume = resume
+        self.counters = Counters()
+        self.device = resolve_device(cfg.algorithm.device)
+
+    # -- set-up --------------------------------------------------------------------------------
+    def _build(self) -> None:
+        cfg = self.cfg
+        seed_everything(cfg.seed)
+        self.env_factory: EnvFactory = make_env_factory(cfg.env)
+        probe = self.env_factory()
+        self.observation_space, self.action_space = probe.observation_space, probe.action_space
+        probe.close()
+        model = build_model(cfg.model, self.observation_space, self.action_space)
+        self.learner = Learner(model, cfg.algorithm, self.device)
+        self.checkpoint_dir = self.run_dir / "checkpoints"
+        if self.resume:
+            self._load_last()
+        else:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        self.recorder = EventRecorder()
+        self.impala_events = self.recorder.interface(ImpalaEvents)
+        self.run_events = self.recorder.interface(RunEvents)
+        self.aggregator = EpochStatsAggregator(self.recorder)
+        self.writers: list[Any] = []
+        if cfg.log.jsonl:
+            self.writers.append(JsonlWriter(self.run_dir / "metrics.jsonl"))
+        if cfg.log.tensorboard:
+            self.writers.append(TensorBoardWriter(self.run_dir / "tb"))
+        self.console = ConsoleWriter(cfg.max_env_steps) if cfg.log.console else None
+        if self.console is not None:
+            self.writers.append(self.console)
+
+    def _load_last(self) -> None:
+        data = checkpoint.load(self.checkpoint_dir / "last.pt")
+        self.learner.model.load_state_dict(data["model"])
+        self.learner.optimizer.load_state_dict(data["optimizer"])
+        self.counters = Counters(**data["counters"])
+        self.learner.num_updates = self.counters.updates
+        checkpoint.set_rng_state(data["rng"])
+
+    def _checkpoint_payload(self) -> dict[str, Any]:
+        return {
+            "format": checkpoint.CHECKPOINT_FORMAT,
+            "model": self.learner.model.state_dict(),
+            "optimizer": self.learner.optimizer.state_dict(),
+            "counters": dict(self.counters.__dict__),
+            "rng": checkpoint.rng_state(),
+            "config": to_dict(self.cfg),
+        }
+
+    def save_checkpoint(self) -> None:
+        checkpoint.save_atomic(self._checkpoint_payload(), self.checkpoint_dir / "last.pt")
+
+    def _save_best(self) -> None:
+        checkpoint.save_atomic(
+            {"format": checkpoint.CHECKPOINT_FORMAT, "model": self.learner.model.state_dict(),
+             "config": to_dict(self.cfg), "counters": dict(self.counters.__dict__)},
+            self.checkpoint_dir / "best.pt",
+        )
+
+    # -- the run -------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        self._build()
+        cfg, alg, c = self.cfg, self.cfg.algorithm, self.counters
+        stop_flag = {"stop": False}
+        stopped_because: str | None = None
+        error: BaseException | None = None
+        actors = make_actors(cfg, self.env_factory, self.learner.model)
+        actors.policy_version = self.learner.num_updates
+        recent_returns: deque[float] = deque(maxlen=100)
+        start_wall = time.perf_counter() - c.wall_time_s
+        self.learner.set_learning_rate(scheduled_lr(alg, c.env_steps, cfg.max_env_steps))
+        try:
+            with _stop_on_signals(stop_flag):
+                actors.start()
+                while stopped_because is None:
+                    c.epoch += 1
+                    epoch_start = time.perf_counter()
+                    epoch_steps = 0
+                    train_policy = c.epoch > alg.critic_burn_in_epochs
+                    for _ in range(alg.epoch_length):
+                        t0 = time.perf_counter()
+                        collected = actors.collect_outputs(self.device)
+                        t_collected = time.perf_counter()
+                        stats = self.learner.update(collected.batch, train_policy=train_policy)
+                        actors.broadcast_updated_policy(self.learner.model.state_dict())
+                        c.updates = self.learner.num_updates
+                        c.env_steps += collected.env_steps
+                        epoch_steps += collected.env_steps
+                        self.learner.set_learning_rate(
+                            scheduled_lr(alg, c.env_steps, cfg.max_env_steps))
+                        t_end = time.perf_counter()
+                        self._record_update(stats, collected, t_collected - t0, t_end - t0)
+                        recent_returns.extend(actors.recent_returns_since_last_call())
+                        c.wall_time_s = time.perf_counter() - start_wall
+                        if self.console is not None:
+                            sps = epoch_steps / max(1e-9, t_end - epoch_start)
+                            self.console.on_update(
+                                c.env_steps, sps,
+                                float(np.mean(recent_returns)) if recent_returns else None,
+                                float(np.mean(stats.policy_lag)), c.epoch)
+                        if cfg.max_env_steps is not None and c.env_steps >= cfg.max_env_steps:
+                            stopped_because = "max_env_steps"
+                        elif (cfg.max_wall_time_s is not None
+                              and c.wall_time_s >= cfg.max_wall_time_s):
+                            stopped_because = "max_wall_time_s"
+                        elif stop_flag["stop"]:
+                            stopped_because = "interrupted"
+                        if stopped_because:
+                            break
+                    if stopped_because != "interrupted":
+                        reason = self._end_epoch(actors, epoch_start, epoch_steps)
+                        stopped_because = stopped_because or reason
+                    else:
+                        self._write_epoch_stats(actors, epoch_start, epoch_steps)
+                    c.wall_time_s = time.perf_counter() - start_wall
+                    if c.epoch % cfg.log.checkpoint_every_epochs == 0 or stopped_because:
+                        self.save_checkpoint()
+                    if stop_flag["stop"] and stopped_because is None:
+                        stopped_because = "interrupted"
+                        self.save_checkpoint()
+        except KeyboardInterrupt:
+            stopped_because = "interrupted"
+            self.save_checkpoint()
+        except NonFiniteError as exc:
+            stopped_because, error = "error", exc
+        except BaseException as exc:
+            stopped_because, error = "error", exc
+        finally:
+            actors.stop()
+            for writer in self.writers:
+                writer.close()
+        c.wall_time_s = time.perf_counter() - start_wall
+        summary = self._write_summary(stopped_because or "error", recent_returns, error)
+        if error is not None:
+            raise error
+        return summary
+
+    def _record_update(self, stats: Any, collected: Any, collect_time: float,
+                       total_time: float) -> None:
+        ev = self.impala_events
+        for key, value in stats.policy_loss.items():
+            ev.policy_loss(key, value)
+            ev.policy_entropy(key, stats.policy_entropy[key])
+            ev.policy_grad_norm(key, stats.policy_grad_norm[key])
+            ev.vtrace_mean_rho(key, stats.vtrace_mean_rho[key])
+            ev.vtrace_clipped_fraction(key, stats.vtrace_clipped_fraction[key])
+        for key, value in stats.critic_value_loss.items():
+            ev.critic_value_loss(key, value)
+            ev.critic_value(key, stats.critic_value[key])
+            ev.critic_grad_norm(key, stats.critic_grad_norm[key])
+        ev.estimated_queue_sizes(collected.queue_size_before, collected.queue_size_after)
+        total = max(total_time, 1e-12)
+        t = stats.timings
+        ev.time_collecting_actors(collect_time, 100.0 * collect_time / total)
+        ev.time_dequeuing_actors(collected.dequeue_time, 100.0 * collected.dequeue_time / total)
+        ev.time_learner_rollout(t["learner_rollout"], 100.0 * t["learner_rollout"] / total)
+        ev.time_loss_computation(t["loss_computation"], 100.0 * t["loss_computation"] / total)
+        ev.time_backprob(t["backprob"], 100.0 * t["backprob"] / total)
+        ev.time_update(total_time)
+        ev.total_loss(stats.total_loss)
+        ev.grad_norm(stats.grad_norm)
+        ev.learning_rate(stats.learning_rate)
+        for lag in stats.policy_lag:
+            ev.policy_lag(lag)
+        ev.dropped_stale_rollouts(collected.dropped_stale)
+
+    def _evaluate(self) -> float:
+        cfg, ev_cfg = self.cfg, self.cfg.algorithm.rollout_evaluator
+        seed = int(np.random.SeedSequence([cfg.seed, 1, self.counters.epoch]).generate_state(1)[0])
+        result = evaluate(self.learner.model, self.env_factory, ev_cfg.n_episodes,
+                          deterministic=ev_cfg.deterministic, seed=seed,
+                          max_episode_steps=ev_cfg.max_episode_steps)
+        for ret, length in zip(result.returns, result.lengths, strict=True):
+            self.run_events.eval_return(ret)
+            self.run_events.eval_length(length)
+        return result.mean_return
+
+    def _end_epoch(self, actors: Any, epoch_start: float, epoch_steps: int) -> str | None:
+        """Evaluate, select the best model, write statistics; returns a stop reason or None."""
+        cfg, alg, c = self.cfg, self.cfg.algorithm, self.counters
+        mean_return = self._evaluate()
+        c.last_eval_return = mean_return
+        if mean_return > c.best_eval_return:
+            c.best_eval_return = mean_return
+            c.epochs_without_improvement = 0
+            self._save_best()
+        else:
+            c.epochs_without_improvement += 1
+        self._write_epoch_stats(actors, epoch_start, epoch_steps)
+        if cfg.target_return is not None and mean_return >= cfg.target_return:
+            return "target_return"
+        if alg.n_epochs > 0 and c.epoch >= alg.n_epochs:
+            return "n_epochs"
+        if alg.patience > 0 and c.epochs_without_improvement >= alg.patience:
+            return "patience"
+        return None
+
+    def _write_epoch_stats(self, actors: Any, epoch_start: float, epoch_steps: int) -> None:
+        c = self.counters
+        actor_stats = actors.get_epoch_stats_aggregator().reduce()
+        c.episodes += int(actor_stats.get("episode_return/count", 0))
+        elapsed = time.perf_counter() - epoch_start
+        self.run_events.total_env_steps(c.env_steps)
+        self.run_events.total_episodes(c.episodes)
+        self.run_events.total_updates(c.updates)
+        self.run_events.steps_per_second(epoch_steps / max(elapsed, 1e-9))
+        self.run_events.time_epoch(elapsed)
+        stats = {**actor_stats, **self.aggregator.reduce()}
+        stats["wall_time_s"] = c.wall_time_s
+        for writer in self.writers:
+            writer.on_epoch(c.epoch, c.env_steps, stats)
+
+    def _write_summary(self, stopped_because: str, recent_returns: deque,
+                       error: BaseException | None) -> dict[str, Any]:
+        c = self.counters
+        summary = {
+            "best_eval_return": c.best_eval_return if np.isfinite(c.best_eval_return) else None,
+            "last_eval_return": c.last_eval_return,
+            "train_return_recent": float(np.mean(recent_returns)) if recent_returns else None,
+            "env_steps": c.env_steps,
+            "updates": c.updates,
+            "epochs": c.epoch,
+            "episodes": c.episodes,
+            "wall_time_s": round(c.wall_time_s, 3),
+            "stopped_because": stopped_because,
+            "run_dir": str(self.run_dir),
+        }
+        if error is not None:
+            summary["error"] = f"{type(error).__name__}: {error}"
+        if self.run_dir.is_dir():
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """The config a run was started with (from its last checkpoint), plus overrides."""
+    run_dir = Path(run_dir)
+    last = run_dir / "checkpoints" / "last.pt"
+    if not run_dir.is_dir():
+        raise RunDirError(f"run directory {str(run_dir)!r} does not exist")
+    if not last.is_file():
+        raise RunDirError(f"{str(run_dir)!r} is not a run directory (no checkpoints/last.pt)")
+    data = checkpoint.load(last)
+    from impala_rl.config import load_config
+
+    base = config_from_dict(data["config"])
+    return load_config(base=to_dict(base), overrides=overrides) if overrides else base
+
+
+class Policy:
+    """A trained policy for use outside training: ``act(obs, deterministic=...)``."""
+
+    def __init__(self, model: ActorCritic, env_factory: EnvFactory, cfg: RunConfig):
+        self.model = model.eval()
+        self.env_factory = env_factory
+        self.config = cfg
+        env = env_factory()
+        self._raw_space = env.env.observation_space
+        self._to_model = env.observation
+        env.close()
+
+    @torch.no_grad()
+    def act(self, obs: Any, deterministic: bool = True) -> Any:
+        """Action for one observation as the env returns it, or for a batch ``[N, *obs]`` of
+        model-form observations; returned in the env's action format."""
+        if self._raw_space.contains(obs) if not isinstance(obs, torch.Tensor) else False:
+            x = torch.as_tensor(np.asarray(self._to_model(obs))).unsqueeze(0)
+            batched = False
+        else:
+            x = torch.as_tensor(np.asarray(obs))
+            batched = x.ndim > len(self.model.obs_shape)
+            if not batched:
+                x = x.unsqueeze(0)
+        dist = self.model(x).dist
+        action = dist.mode() if deterministic else dist.sample()
+        env_action = self.model.action_head.to_env(action)
+        return env_action if batched else env_action[0]
+
+
+def load_policy(run_dir: str | Path, which: str = "best") -> Policy:
+    """The best (or ``which="last"``) policy of a run directory."""
+    run_dir = Path(run_dir)
+    path = run_dir / "checkpoints" / f"{which}.pt"
+    if not path.is_file():
+        raise RunDirError(f"{str(run_dir)!r} has no checkpoints/{which}.pt")
+    data = checkpoint.load(path)
+    cfg = config_from_dict(data["config"])
+    env_factory = EnvFactory(cfg.env.id, cfg.env.kwargs, cfg.env.max_episode_steps)
+    env = env_factory()
+    model = build_model(cfg.model, env.observation_space, env.action_space)
+    env.close()
+    model.load_state_dict(data["model"])
+    return Policy(model, env_factory, cfg)

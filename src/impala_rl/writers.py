@@ -1,0 +1,121 @@
+"""Where epoch statistics go: the console, ``metrics.jsonl`` and TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+EVAL_PREFIX = "eval_"
+
+# Statistics shown in the console's epoch table, in order, with their labels.
+CONSOLE_STATS = (
+    ("episode_return/mean", "return"),
+    ("eval_return/mean", "eval"),
+    ("episode_length/mean", "length"),
+    ("steps_per_second", "steps/s"),
+    ("policy_loss/0", "pg loss"),
+    ("critic_value_loss/0", "v loss"),
+    ("policy_entropy/0", "entropy"),
+    ("grad_norm", "|grad|"),
+    ("policy_lag/mean", "lag"),
+    ("learning_rate", "lr"),
+)
+
+
+def _fmt(value: float) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if value == 0 or 1e-3 <= abs(value) < 1e5:
+        return f"{value:.4g}"
+    return f"{value:.3e}"
+
+
+def tag_for(name: str) -> str:
+    """TensorBoard tag of a statistic: ``eval/...`` for evaluation, ``train/...`` otherwise."""
+    if name.startswith(EVAL_PREFIX):
+        return f"eval/{name[len(EVAL_PREFIX):]}"
+    return f"train/{name}"
+
+
+class ConsoleWriter:
+    """A live progress bar during the epoch and a compact table after it."""
+
+    def __init__(self, total_env_steps: int | None = None, console: Console | None = None):
+        self.console = console or Console()
+        columns: list[Any] = [TextColumn("[bold]epoch {task.fields[epoch]}")]
+        if total_env_steps:
+            columns.append(BarColumn())
+        columns += [
+            TextColumn("{task.completed:,.0f} steps"),
+            TextColumn("{task.fields[sps]:,.0f}/s"),
+            TextColumn("return {task.fields[ret]}"),
+            TextColumn("lag {task.fields[lag]}"),
+            TimeElapsedColumn(),
+        ]
+        if total_env_steps:
+            columns.append(TimeRemainingColumn())
+        self.progress = Progress(*columns, console=self.console, transient=False)
+        self.task = self.progress.add_task("train", total=total_env_steps, epoch=0, sps=0.0,
+                                           ret="-", lag="-")
+        self.progress.start()
+
+    def on_update(self, env_steps: int, steps_per_second: float, recent_return: float | None,
+                  lag: float | None, epoch: int) -> None:
+        self.progress.update(
+            self.task, completed=env_steps, epoch=epoch, sps=steps_per_second,
+            ret="-" if recent_return is None else f"{recent_return:.1f}",
+            lag="-" if lag is None else f"{lag:.1f}",
+        )
+
+    def on_epoch(self, epoch: int, env_steps: int, stats: dict[str, float]) -> None:
+        table = Table(title=f"epoch {epoch} · {env_steps:,} env steps", title_justify="left",
+                      show_edge=False, pad_edge=False)
+        shown = [(key, label) for key, label in CONSOLE_STATS if key in stats]
+        for _, label in shown:
+            table.add_column(label, justify="right")
+        table.add_row(*(_fmt(stats[key]) for key, _ in shown))
+        self.progress.console.print(table)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+class JsonlWriter:
+    """``metrics.jsonl``: one JSON object per epoch with every statistic."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open for the run)
+
+    def on_epoch(self, epoch: int, env_steps: int, stats: dict[str, float]) -> None:
+        row = {"epoch": epoch, "env_steps": env_steps, **stats}
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                 for k, v in row.items()}
+        self.file.write(json.dumps(clean) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorBoardWriter:
+    """TensorBoard event files, one scalar per statistic, against total env steps."""
+
+    def __init__(self, log_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def on_epoch(self, epoch: int, env_steps: int, stats: dict[str, float]) -> None:
+        for name, value in stats.items():
+            self.writer.add_scalar(tag_for(name), value, global_step=env_steps)
+        self.writer.add_scalar("train/epoch", epoch, global_step=env_steps)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,127 @@
+"""Tests for impala_rl.losses."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from impala_rl import losses
+
+
+def test_policy_gradient_loss_value():
+    log_probs = torch.tensor([[-0.5, -1.0], [-2.0, -0.1]])
+    advantages = torch.tensor([[1.0, -2.0], [0.5, 3.0]])
+    # -(( -0.5*1) + (-1*-2) + (-2*0.5) + (-0.1*3)) / 4 = -(-0.5 + 2 - 1 - 0.3) / 4
+    expected = -(-0.5 + 2.0 - 1.0 - 0.3) / 4
+    loss = losses.policy_gradient_loss(log_probs, advantages)
+    assert loss.dim() == 0
+    assert loss.item() == pytest.approx(expected)
+
+
+def test_policy_gradient_loss_is_mean_not_sum():
+    log_probs = torch.full((3, 2), -1.0)
+    advantages = torch.ones(3, 2)
+    assert losses.policy_gradient_loss(log_probs, advantages).item() == pytest.approx(1.0)
+    # Doubling T leaves the loss unchanged.
+    assert losses.policy_gradient_loss(
+        log_probs.repeat(2, 1), advantages.repeat(2, 1)
+    ).item() == pytest.approx(1.0)
+
+
+def test_policy_gradient_loss_gradients():
+    log_probs = torch.tensor([[-0.5, -1.0], [-2.0, -0.1]], requires_grad=True)
+    advantages = torch.tensor([[1.0, -2.0], [0.5, 3.0]], requires_grad=True)
+    losses.policy_gradient_loss(log_probs, advantages).backward()
+    torch.testing.assert_close(log_probs.grad, -advantages.detach() / 4)
+    assert advantages.grad is None
+
+
+def test_baseline_loss_value_and_gradients():
+    vs = torch.tensor([[1.0, 2.0], [3.0, -1.0]], requires_grad=True)
+    values = torch.tensor([[0.0, 2.5], [1.0, 1.0]], requires_grad=True)
+    loss = losses.baseline_loss(vs, values)
+    # 0.5 * mean([1, 0.25, 4, 4]) = 0.5 * 9.25 / 4
+    assert loss.item() == pytest.approx(0.5 * 9.25 / 4)
+    loss.backward()
+    # d/dV 0.5 * mean((vs - V)^2) = -(vs - V) / N
+    torch.testing.assert_close(values.grad, -(vs.detach() - values.detach()) / 4)
+    assert vs.grad is None
+
+
+def test_entropy_loss_value_and_gradient():
+    entropy = torch.tensor([[1.0, 0.5], [0.25, 0.25]], requires_grad=True)
+    loss = losses.entropy_loss(entropy)
+    assert loss.item() == pytest.approx(-2.0 / 4)
+    loss.backward()
+    torch.testing.assert_close(entropy.grad, torch.full((2, 2), -0.25))
+
+
+def test_entropy_loss_from_policy_decreases_towards_uniform():
+    """Gradient descent on entropy_loss pushes logits towards the uniform policy."""
+    logits = torch.tensor([[[2.0, 0.0, -1.0]]], requires_grad=True)
+    log_p = torch.log_softmax(logits, dim=-1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    losses.entropy_loss(entropy).backward()
+    with torch.no_grad():
+        new_logits = logits - 0.1 * logits.grad
+    new_log_p = torch.log_softmax(new_logits, dim=-1)
+    new_entropy = -(new_log_p.exp() * new_log_p).sum(-1)
+    assert new_entropy.item() > entropy.item()
+
+
+@pytest.mark.parametrize("fn", [losses.policy_gradient_loss, losses.baseline_loss])
+def test_shape_mismatch_raises(fn):
+    with pytest.raises(ValueError, match="same shape"):
+        fn(torch.zeros(4, 3), torch.zeros(4, 1))
+
+
+def test_reward_clipping_modes_constant():
+    assert losses.REWARD_CLIPPING_MODES == ("none", "abs_one", "soft_asymmetric")
+
+
+def test_clip_rewards_none_is_identity():
+    r = torch.tensor([-10.0, -0.5, 0.0, 0.5, 10.0])
+    torch.testing.assert_close(losses.clip_rewards(r, "none"), r)
+
+
+def test_clip_rewards_abs_one():
+    r = torch.tensor([-10.0, -1.0, -0.5, 0.0, 0.5, 1.0, 10.0])
+    expected = torch.tensor([-1.0, -1.0, -0.5, 0.0, 0.5, 1.0, 1.0])
+    torch.testing.assert_close(losses.clip_rewards(r, "abs_one"), expected)
+
+
+def test_clip_rewards_soft_asymmetric_exact():
+    r = torch.tensor([-10.0, -1.0, 0.0, 1.0, 10.0], dtype=torch.float64)
+    expected = torch.tensor(
+        [
+            5 * 0.3 * math.tanh(-2.0),
+            5 * 0.3 * math.tanh(-0.2),
+            0.0,
+            5 * math.tanh(0.2),
+            5 * math.tanh(2.0),
+        ],
+        dtype=torch.float64,
+    )
+    out = losses.clip_rewards(r, "soft_asymmetric")
+    torch.testing.assert_close(out, expected)
+    assert out.dtype == torch.float64
+    # Bounded in (-1.5, 5) for any reward.
+    big = losses.clip_rewards(torch.tensor([-1e6, 1e6]), "soft_asymmetric")
+    torch.testing.assert_close(big, torch.tensor([-1.5, 5.0]))
+
+
+def test_clip_rewards_preserves_shape():
+    r = torch.randn(5, 3) * 10
+    for mode in losses.REWARD_CLIPPING_MODES:
+        assert losses.clip_rewards(r, mode).shape == (5, 3)
+
+
+def test_clip_rewards_unknown_mode():
+    with pytest.raises(ValueError, match="soft_asymmetric") as excinfo:
+        losses.clip_rewards(torch.zeros(3), "tanh")
+    message = str(excinfo.value)
+    assert "'tanh'" in message
+    for mode in losses.REWARD_CLIPPING_MODES:
+        assert mode in message
