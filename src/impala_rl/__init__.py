@@ -12,8 +12,12 @@ from typing import Any
 __version__ = "0.1.0"
 
 
-def train(config: Any = "cartpole", overrides: list[str] | None = None,
-          run_dir: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
+def train(
+    config: Any = "cartpole",
+    overrides: list[str] | None = None,
+    run_dir: str | Path | None = None,
+    resume: bool = False,
+) -> dict[str, Any]:
     """Train as the CLI does. ``config``: a :class:`RunConfig`, a preset name or a YAML path."""
     from impala_rl.config import RunConfig, load_config
     from impala_rl.trainer import Trainer, load_run_config

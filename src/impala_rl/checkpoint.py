@@ -61,8 +61,7 @@ def load(path: str | Path) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(
-            f"checkpoint {str(path)!r} is not an impala-rl checkpoint of format "
-            f"{CHECKPOINT_FORMAT}"
+            f"checkpoint {str(path)!r} is not an impala-rl checkpoint of format {CHECKPOINT_FORMAT}"
         )
     return data
 

@@ -21,17 +21,30 @@ def _parser() -> argparse.ArgumentParser:
     from impala_rl.config import list_presets
 
     parser = argparse.ArgumentParser(
-        prog="impala", description="IMPALA with V-trace: train and evaluate agents.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+        prog="impala",
+        description="IMPALA with V-trace: train and evaluate agents.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train an agent",
-                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    train.add_argument("items", nargs="*", metavar="[PRESET] [key=value ...]",
-                       help=f"a preset ({', '.join(list_presets())}) or YAML path, then "
-                       "config overrides such as algorithm.lr=3e-4")
+    train = sub.add_parser(
+        "train",
+        help="train an agent",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+    )
+    train.add_argument(
+        "items",
+        nargs="*",
+        metavar="[PRESET] [key=value ...]",
+        help=f"a preset ({', '.join(list_presets())}) or YAML path, then "
+        "config overrides such as algorithm.lr=3e-4",
+    )
     train.add_argument("--config", help="a YAML config file (instead of a preset)")
     train.add_argument("--run-dir", help="where to write the run (default runs/<env>-<time>)")
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    train.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint"
+    )
     ev = sub.add_parser("eval", help="evaluate a trained run's best policy")
     ev.add_argument("run_dir")
     ev.add_argument("--episodes", type=int, default=10)
@@ -56,8 +69,10 @@ def _train(args: argparse.Namespace) -> int:
     preset, overrides = _split_preset(args.items)
     if args.resume:
         if preset or args.config:
-            raise _UsageError("--resume continues a run with its saved config; "
-                              "give only key=value overrides with it")
+            raise _UsageError(
+                "--resume continues a run with its saved config; "
+                "give only key=value overrides with it"
+            )
         cfg = load_run_config(args.resume, overrides)
         trainer = Trainer(cfg, run_dir=args.resume, resume=True)
     else:
@@ -88,12 +103,26 @@ def _eval(args: argparse.Namespace) -> int:
     n_parallel = 1 if args.render else args.episodes
     returns: list[float] = []
     while len(returns) < args.episodes:
-        result = evaluate(policy.model, factory, min(n_parallel, args.episodes - len(returns)),
-                          deterministic=not args.stochastic, seed=args.seed + len(returns))
+        result = evaluate(
+            policy.model,
+            factory,
+            min(n_parallel, args.episodes - len(returns)),
+            deterministic=not args.stochastic,
+            seed=args.seed + len(returns),
+        )
         returns += result.returns
-    print(json.dumps({"episodes": len(returns), "mean_return": float(np.mean(returns)),
-                      "std_return": float(np.std(returns)), "min_return": float(np.min(returns)),
-                      "max_return": float(np.max(returns))}, indent=2))
+    print(
+        json.dumps(
+            {
+                "episodes": len(returns),
+                "mean_return": float(np.mean(returns)),
+                "std_return": float(np.std(returns)),
+                "min_return": float(np.min(returns)),
+                "max_return": float(np.max(returns)),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 
@@ -104,8 +133,11 @@ class _UsageError(ValueError):
 def main(argv: list[str] | None = None) -> int:
     from rich.logging import RichHandler
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s",
-                        handlers=[RichHandler(show_path=False, show_time=False)])
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(show_path=False, show_time=False)],
+    )
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if extra and (args.command != "train" or any(e.startswith("-") for e in extra)):
@@ -118,8 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     from impala_rl.learner import NonFiniteError
     from impala_rl.trainer import RunDirError
 
-    user_errors = (ConfigError, EnvError, RunDirError, CheckpointError, NonFiniteError,
-                   _UsageError, NotImplementedError)
+    user_errors = (
+        ConfigError,
+        EnvError,
+        RunDirError,
+        CheckpointError,
+        NonFiniteError,
+        _UsageError,
+        NotImplementedError,
+    )
     try:
         if args.command == "train":
             return _train(args)

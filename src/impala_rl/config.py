@@ -93,7 +93,7 @@ class ImpalaAlgorithmConfig:
     num_actors: int = 2
     """Actors, each stepping a vector env of ``envs_per_actor`` environments."""
     envs_per_actor: int = 8
-    """Environments per actor; a learner batch has ``actors_batch_size * envs_per_actor`` columns."""
+    """Environments per actor; a batch has ``actors_batch_size * envs_per_actor`` columns."""
     vtrace_clip_rho_threshold: float | None = 1.0
     """rho-bar: clips the importance weight in the V-trace targets (``null``: no clipping)."""
     vtrace_clip_pg_rho_threshold: float | None = 1.0
@@ -283,80 +283,154 @@ def validate(cfg: RunConfig) -> None:
     """Range and choice checks the schema's types cannot express."""
     a = cfg.algorithm
     _check(a.epoch_length >= 1, "algorithm.epoch_length", "an integer >= 1", a.epoch_length)
-    _check(a.n_rollout_steps >= 1, "algorithm.n_rollout_steps", "an integer >= 1",
-           a.n_rollout_steps)
+    _check(
+        a.n_rollout_steps >= 1, "algorithm.n_rollout_steps", "an integer >= 1", a.n_rollout_steps
+    )
     _check(a.lr > 0, "algorithm.lr", "a number > 0", a.lr)
     _check(a.lr_final >= 0, "algorithm.lr_final", "a number >= 0", a.lr_final)
-    _check(a.lr_schedule in LR_SCHEDULES, "algorithm.lr_schedule", " | ".join(LR_SCHEDULES),
-           a.lr_schedule)
+    _check(
+        a.lr_schedule in LR_SCHEDULES,
+        "algorithm.lr_schedule",
+        " | ".join(LR_SCHEDULES),
+        a.lr_schedule,
+    )
     if a.lr_schedule == "linear":
-        _check(a.lr_decay_env_steps is not None or cfg.max_env_steps is not None,
-               "algorithm.lr_decay_env_steps",
-               "an integer >= 1 (or set max_env_steps) when lr_schedule is linear",
-               a.lr_decay_env_steps)
+        _check(
+            a.lr_decay_env_steps is not None or cfg.max_env_steps is not None,
+            "algorithm.lr_decay_env_steps",
+            "an integer >= 1 (or set max_env_steps) when lr_schedule is linear",
+            a.lr_decay_env_steps,
+        )
     if a.lr_decay_env_steps is not None:
-        _check(a.lr_decay_env_steps >= 1, "algorithm.lr_decay_env_steps", "an integer >= 1",
-               a.lr_decay_env_steps)
+        _check(
+            a.lr_decay_env_steps >= 1,
+            "algorithm.lr_decay_env_steps",
+            "an integer >= 1",
+            a.lr_decay_env_steps,
+        )
     _check(0.0 <= a.gamma <= 1.0, "algorithm.gamma", "a number in [0, 1]", a.gamma)
     for name in ("policy_loss_coef", "value_loss_coef", "entropy_coef"):
         value = getattr(a, name)
         _check(value >= 0, f"algorithm.{name}", "a number >= 0", value)
     if a.max_grad_norm is not None:
-        _check(a.max_grad_norm >= 0, "algorithm.max_grad_norm", "a number >= 0 or null",
-               a.max_grad_norm)
+        _check(
+            a.max_grad_norm >= 0,
+            "algorithm.max_grad_norm",
+            "a number >= 0 or null",
+            a.max_grad_norm,
+        )
     _check(a.optimizer in OPTIMIZERS, "algorithm.optimizer", " | ".join(OPTIMIZERS), a.optimizer)
-    _check(len(a.adam_betas) == 2 and all(0 <= b < 1 for b in a.adam_betas),
-           "algorithm.adam_betas", "two numbers in [0, 1)", a.adam_betas)
-    _check(0 <= a.rmsprop_alpha < 1, "algorithm.rmsprop_alpha", "a number in [0, 1)",
-           a.rmsprop_alpha)
-    _check(a.rmsprop_momentum >= 0, "algorithm.rmsprop_momentum", "a number >= 0",
-           a.rmsprop_momentum)
+    _check(
+        len(a.adam_betas) == 2 and all(0 <= b < 1 for b in a.adam_betas),
+        "algorithm.adam_betas",
+        "two numbers in [0, 1)",
+        a.adam_betas,
+    )
+    _check(
+        0 <= a.rmsprop_alpha < 1, "algorithm.rmsprop_alpha", "a number in [0, 1)", a.rmsprop_alpha
+    )
+    _check(
+        a.rmsprop_momentum >= 0, "algorithm.rmsprop_momentum", "a number >= 0", a.rmsprop_momentum
+    )
     _check(a.optimizer_eps > 0, "algorithm.optimizer_eps", "a number > 0", a.optimizer_eps)
-    _check(a.device == "auto" or a.device == "cpu" or a.device.startswith("cuda")
-           or a.device == "mps", "algorithm.device", "cpu | cuda | cuda:N | mps | auto", a.device)
-    _check(a.queue_out_of_sync_factor > 0, "algorithm.queue_out_of_sync_factor",
-           "a number > 0", a.queue_out_of_sync_factor)
+    _check(
+        a.device == "auto" or a.device == "cpu" or a.device.startswith("cuda") or a.device == "mps",
+        "algorithm.device",
+        "cpu | cuda | cuda:N | mps | auto",
+        a.device,
+    )
+    _check(
+        a.queue_out_of_sync_factor > 0,
+        "algorithm.queue_out_of_sync_factor",
+        "a number > 0",
+        a.queue_out_of_sync_factor,
+    )
     _check(a.num_actors >= 1, "algorithm.num_actors", "an integer >= 1", a.num_actors)
-    _check(a.actors_batch_size >= 1, "algorithm.actors_batch_size", "an integer >= 1",
-           a.actors_batch_size)
-    _check(a.envs_per_actor >= 1, "algorithm.envs_per_actor", "an integer >= 1",
-           a.envs_per_actor)
-    for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold",
-                 "vtrace_clip_c_threshold"):
+    _check(
+        a.actors_batch_size >= 1,
+        "algorithm.actors_batch_size",
+        "an integer >= 1",
+        a.actors_batch_size,
+    )
+    _check(a.envs_per_actor >= 1, "algorithm.envs_per_actor", "an integer >= 1", a.envs_per_actor)
+    for name in (
+        "vtrace_clip_rho_threshold",
+        "vtrace_clip_pg_rho_threshold",
+        "vtrace_clip_c_threshold",
+    ):
         value = getattr(a, name)
         if value is not None:
             _check(value > 0, f"algorithm.{name}", "a number > 0 or null", value)
-    _check(0.0 <= a.vtrace_lambda <= 1.0, "algorithm.vtrace_lambda", "a number in [0, 1]",
-           a.vtrace_lambda)
-    _check(a.reward_clipping in REWARD_CLIPPING_MODES, "algorithm.reward_clipping",
-           " | ".join(REWARD_CLIPPING_MODES), a.reward_clipping)
+    _check(
+        0.0 <= a.vtrace_lambda <= 1.0,
+        "algorithm.vtrace_lambda",
+        "a number in [0, 1]",
+        a.vtrace_lambda,
+    )
+    _check(
+        a.reward_clipping in REWARD_CLIPPING_MODES,
+        "algorithm.reward_clipping",
+        " | ".join(REWARD_CLIPPING_MODES),
+        a.reward_clipping,
+    )
     if a.max_policy_lag is not None:
-        _check(a.max_policy_lag >= 0, "algorithm.max_policy_lag", "an integer >= 0 or null",
-               a.max_policy_lag)
-    _check(a.critic_burn_in_epochs >= 0, "algorithm.critic_burn_in_epochs", "an integer >= 0",
-           a.critic_burn_in_epochs)
+        _check(
+            a.max_policy_lag >= 0,
+            "algorithm.max_policy_lag",
+            "an integer >= 0 or null",
+            a.max_policy_lag,
+        )
+    _check(
+        a.critic_burn_in_epochs >= 0,
+        "algorithm.critic_burn_in_epochs",
+        "an integer >= 0",
+        a.critic_burn_in_epochs,
+    )
     ev = a.rollout_evaluator
-    _check(ev.n_episodes >= 1, "algorithm.rollout_evaluator.n_episodes", "an integer >= 1",
-           ev.n_episodes)
+    _check(
+        ev.n_episodes >= 1,
+        "algorithm.rollout_evaluator.n_episodes",
+        "an integer >= 1",
+        ev.n_episodes,
+    )
     if ev.max_episode_steps is not None:
-        _check(ev.max_episode_steps >= 1, "algorithm.rollout_evaluator.max_episode_steps",
-               "an integer >= 1 or null", ev.max_episode_steps)
+        _check(
+            ev.max_episode_steps >= 1,
+            "algorithm.rollout_evaluator.max_episode_steps",
+            "an integer >= 1 or null",
+            ev.max_episode_steps,
+        )
 
     _check(bool(cfg.env.id), "env.id", "a Gymnasium id or module:callable", cfg.env.id)
     if cfg.env.max_episode_steps is not None:
-        _check(cfg.env.max_episode_steps >= 1, "env.max_episode_steps", "an integer >= 1 or null",
-               cfg.env.max_episode_steps)
+        _check(
+            cfg.env.max_episode_steps >= 1,
+            "env.max_episode_steps",
+            "an integer >= 1 or null",
+            cfg.env.max_episode_steps,
+        )
     m = cfg.model
-    _check(len(m.hidden_sizes) >= 1 and all(h >= 1 for h in m.hidden_sizes),
-           "model.hidden_sizes", "a non-empty list of integers >= 1", m.hidden_sizes)
+    _check(
+        len(m.hidden_sizes) >= 1 and all(h >= 1 for h in m.hidden_sizes),
+        "model.hidden_sizes",
+        "a non-empty list of integers >= 1",
+        m.hidden_sizes,
+    )
     _check(m.activation in ACTIVATIONS, "model.activation", " | ".join(ACTIVATIONS), m.activation)
-    _check(cfg.runner.backend in BACKENDS, "runner.backend", " | ".join(BACKENDS),
-           cfg.runner.backend)
-    _check(cfg.log.checkpoint_every_epochs >= 1, "log.checkpoint_every_epochs",
-           "an integer >= 1", cfg.log.checkpoint_every_epochs)
+    _check(
+        cfg.runner.backend in BACKENDS, "runner.backend", " | ".join(BACKENDS), cfg.runner.backend
+    )
+    _check(
+        cfg.log.checkpoint_every_epochs >= 1,
+        "log.checkpoint_every_epochs",
+        "an integer >= 1",
+        cfg.log.checkpoint_every_epochs,
+    )
     if cfg.max_env_steps is not None:
-        _check(cfg.max_env_steps >= 1, "max_env_steps", "an integer >= 1 or null",
-               cfg.max_env_steps)
+        _check(
+            cfg.max_env_steps >= 1, "max_env_steps", "an integer >= 1 or null", cfg.max_env_steps
+        )
     if cfg.max_wall_time_s is not None:
-        _check(cfg.max_wall_time_s > 0, "max_wall_time_s", "a number > 0 or null",
-               cfg.max_wall_time_s)
+        _check(
+            cfg.max_wall_time_s > 0, "max_wall_time_s", "a number > 0 or null", cfg.max_wall_time_s
+        )

@@ -24,9 +24,14 @@ class EvaluationResult:
 
 
 @torch.no_grad()
-def evaluate(model: ActorCritic, env_factory: Callable[[], gym.Env], n_episodes: int,
-             deterministic: bool = True, seed: int = 0,
-             max_episode_steps: int | None = None) -> EvaluationResult:
+def evaluate(
+    model: ActorCritic,
+    env_factory: Callable[[], gym.Env],
+    n_episodes: int,
+    deterministic: bool = True,
+    seed: int = 0,
+    max_episode_steps: int | None = None,
+) -> EvaluationResult:
     """Run ``n_episodes`` episodes in parallel (one per env), each to its end.
 
     ``deterministic`` takes the distribution's mode; otherwise actions are sampled from a
@@ -46,7 +51,8 @@ def evaluate(model: ActorCritic, env_factory: Callable[[], gym.Env], n_episodes:
             dist = model(torch.as_tensor(obs, device=device)).dist
             action = dist.mode() if deterministic else dist.sample(generator)
             obs, reward, terminated, truncated, _ = envs.step(
-                model.action_head.to_env(action.cpu()))
+                model.action_head.to_env(action.cpu())
+            )
             returns += np.where(running, reward, 0.0)
             lengths += running
             done = np.logical_or(terminated, truncated)

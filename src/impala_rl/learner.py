@@ -44,10 +44,16 @@ class UpdateStats:
 
 def make_optimizer(model: torch.nn.Module, cfg: ImpalaAlgorithmConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                                eps=cfg.optimizer_eps)
-    return torch.optim.RMSprop(model.parameters(), lr=cfg.lr, alpha=cfg.rmsprop_alpha,
-                               eps=cfg.optimizer_eps, momentum=cfg.rmsprop_momentum)
+        return torch.optim.Adam(
+            model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.optimizer_eps
+        )
+    return torch.optim.RMSprop(
+        model.parameters(),
+        lr=cfg.lr,
+        alpha=cfg.rmsprop_alpha,
+        eps=cfg.optimizer_eps,
+        momentum=cfg.rmsprop_momentum,
+    )
 
 
 def scheduled_lr(cfg: ImpalaAlgorithmConfig, env_steps: int, max_env_steps: int | None) -> float:
@@ -69,8 +75,9 @@ def _grad_norm(params: list[torch.nn.Parameter]) -> float:
 class Learner:
     """Owns the trainable model and its optimizer; ``update`` runs one step on a batch."""
 
-    def __init__(self, model: ActorCritic, cfg: ImpalaAlgorithmConfig,
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self, model: ActorCritic, cfg: ImpalaAlgorithmConfig, device: torch.device | str = "cpu"
+    ):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.cfg = cfg
@@ -113,7 +120,11 @@ class Learner:
         discounts = cfg.gamma * (~(terminated | truncated)).float()
         log_rhos = target_log_prob.detach() - batch["behaviour_log_prob"]
         vt = vtrace.from_importance_weights(
-            log_rhos, discounts, rewards, values.detach(), bootstrap_value,
+            log_rhos,
+            discounts,
+            rewards,
+            values.detach(),
+            bootstrap_value,
             clip_rho_threshold=cfg.vtrace_clip_rho_threshold,
             clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold,
             clip_c_threshold=cfg.vtrace_clip_c_threshold,
@@ -160,6 +171,5 @@ class Learner:
             vtrace_clipped_fraction={k: clipped},
             policy_lag=lag,
             learning_rate=self.learning_rate,
-            timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1,
-                     "backprob": t3 - t2},
+            timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},
         )

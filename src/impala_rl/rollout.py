@@ -33,8 +33,14 @@ import torch
 from impala_rl.envs import make_vector_env
 from impala_rl.nn import ActorCritic
 
-STEP_FIELDS = ("action", "behaviour_log_prob", "reward", "terminated", "truncated",
-               "truncation_value")
+STEP_FIELDS = (
+    "action",
+    "behaviour_log_prob",
+    "reward",
+    "terminated",
+    "truncated",
+    "truncation_value",
+)
 
 
 @dataclass(frozen=True)
@@ -63,8 +69,10 @@ class RolloutSpec:
         }
 
     def allocate(self, share_memory: bool = False) -> dict[str, torch.Tensor]:
-        slot = {name: torch.zeros(shape, dtype=dtype)
-                for name, (shape, dtype) in self.field_shapes().items()}
+        slot = {
+            name: torch.zeros(shape, dtype=dtype)
+            for name, (shape, dtype) in self.field_shapes().items()
+        }
         if share_memory:
             for t in slot.values():
                 t.share_memory_()
@@ -86,12 +94,18 @@ def torch_dtype(np_dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=np_dtype)).dtype
 
 
-def rollout_spec_for(model: ActorCritic, observation_space: gym.spaces.Box, T: int,
-                     N: int) -> RolloutSpec:
+def rollout_spec_for(
+    model: ActorCritic, observation_space: gym.spaces.Box, T: int, N: int
+) -> RolloutSpec:
     head = model.action_head
-    return RolloutSpec(T=T, N=N, obs_shape=tuple(observation_space.shape),
-                       obs_dtype=torch_dtype(observation_space.dtype),
-                       action_shape=tuple(head.action_shape), action_dtype=head.action_dtype)
+    return RolloutSpec(
+        T=T,
+        N=N,
+        obs_shape=tuple(observation_space.shape),
+        obs_dtype=torch_dtype(observation_space.dtype),
+        action_shape=tuple(head.action_shape),
+        action_dtype=head.action_dtype,
+    )
 
 
 @dataclass
@@ -110,8 +124,14 @@ class ActorLoop:
     same actor index with the same weights produces the same slot contents.
     """
 
-    def __init__(self, env_factory: Callable[[], gym.Env], num_envs: int, model: ActorCritic,
-                 seed: int, unroll_length: int):
+    def __init__(
+        self,
+        env_factory: Callable[[], gym.Env],
+        num_envs: int,
+        model: ActorCritic,
+        seed: int,
+        unroll_length: int,
+    ):
         self.envs = make_vector_env(env_factory, num_envs)
         self.model = model
         self.model.eval()

@@ -131,7 +131,10 @@ class EpochStatsAggregator:
         return self.last_stats
 
     def get_stats_value(
-        self, event: Callable | EventSpec | str, level: str = EPOCH, name: str | None = None,
+        self,
+        event: Callable | EventSpec | str,
+        level: str = EPOCH,
+        name: str | None = None,
         group: Any = None,
     ) -> float | None:
         """The last epoch's value of ``event``'s output ``name`` (``None``: its only output)."""

@@ -35,8 +35,15 @@ from impala_rl.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter
 
 log = logging.getLogger(__name__)
 
-STOP_REASONS = ("n_epochs", "patience", "target_return", "max_env_steps", "max_wall_time_s",
-                "interrupted", "error")
+STOP_REASONS = (
+    "n_epochs",
+    "patience",
+    "target_return",
+    "max_env_steps",
+    "max_wall_time_s",
+    "interrupted",
+    "error",
+)
 
 
 class RunDirError(RuntimeError):
@@ -162,8 +169,12 @@ class Trainer:
 
     def _save_best(self) -> None:
         checkpoint.save_atomic(
-            {"format": checkpoint.CHECKPOINT_FORMAT, "model": self.learner.model.state_dict(),
-             "config": to_dict(self.cfg), "counters": dict(self.counters.__dict__)},
+            {
+                "format": checkpoint.CHECKPOINT_FORMAT,
+                "model": self.learner.model.state_dict(),
+                "config": to_dict(self.cfg),
+                "counters": dict(self.counters.__dict__),
+            },
             self.checkpoint_dir / "best.pt",
         )
 
@@ -197,7 +208,8 @@ class Trainer:
                         c.env_steps += collected.env_steps
                         epoch_steps += collected.env_steps
                         self.learner.set_learning_rate(
-                            scheduled_lr(alg, c.env_steps, cfg.max_env_steps))
+                            scheduled_lr(alg, c.env_steps, cfg.max_env_steps)
+                        )
                         t_end = time.perf_counter()
                         self._record_update(stats, collected, t_collected - t0, t_end - t0)
                         recent_returns.extend(actors.recent_returns_since_last_call())
@@ -205,13 +217,17 @@ class Trainer:
                         if self.console is not None:
                             sps = epoch_steps / max(1e-9, t_end - epoch_start)
                             self.console.on_update(
-                                c.env_steps, sps,
+                                c.env_steps,
+                                sps,
                                 float(np.mean(recent_returns)) if recent_returns else None,
-                                float(np.mean(stats.policy_lag)), c.epoch)
+                                float(np.mean(stats.policy_lag)),
+                                c.epoch,
+                            )
                         if cfg.max_env_steps is not None and c.env_steps >= cfg.max_env_steps:
                             stopped_because = "max_env_steps"
-                        elif (cfg.max_wall_time_s is not None
-                              and c.wall_time_s >= cfg.max_wall_time_s):
+                        elif (
+                            cfg.max_wall_time_s is not None and c.wall_time_s >= cfg.max_wall_time_s
+                        ):
                             stopped_because = "max_wall_time_s"
                         elif stop_flag["stop"]:
                             stopped_because = "interrupted"
@@ -245,8 +261,9 @@ class Trainer:
             raise error
         return summary
 
-    def _record_update(self, stats: Any, collected: Any, collect_time: float,
-                       total_time: float) -> None:
+    def _record_update(
+        self, stats: Any, collected: Any, collect_time: float, total_time: float
+    ) -> None:
         ev = self.impala_events
         for key, value in stats.policy_loss.items():
             ev.policy_loss(key, value)
@@ -277,9 +294,14 @@ class Trainer:
     def _evaluate(self) -> float:
         cfg, ev_cfg = self.cfg, self.cfg.algorithm.rollout_evaluator
         seed = int(np.random.SeedSequence([cfg.seed, 1, self.counters.epoch]).generate_state(1)[0])
-        result = evaluate(self.learner.model, self.env_factory, ev_cfg.n_episodes,
-                          deterministic=ev_cfg.deterministic, seed=seed,
-                          max_episode_steps=ev_cfg.max_episode_steps)
+        result = evaluate(
+            self.learner.model,
+            self.env_factory,
+            ev_cfg.n_episodes,
+            deterministic=ev_cfg.deterministic,
+            seed=seed,
+            max_episode_steps=ev_cfg.max_episode_steps,
+        )
         for ret, length in zip(result.returns, result.lengths, strict=True):
             self.run_events.eval_return(ret)
             self.run_events.eval_length(length)
@@ -320,8 +342,9 @@ class Trainer:
         for writer in self.writers:
             writer.on_epoch(c.epoch, c.env_steps, stats)
 
-    def _write_summary(self, stopped_because: str, recent_returns: deque,
-                       error: BaseException | None) -> dict[str, Any]:
+    def _write_summary(
+        self, stopped_because: str, recent_returns: deque, error: BaseException | None
+    ) -> dict[str, Any]:
         c = self.counters
         summary = {
             "best_eval_return": c.best_eval_return if np.isfinite(c.best_eval_return) else None,

@@ -39,7 +39,7 @@ def _fmt(value: float) -> str:
 def tag_for(name: str) -> str:
     """TensorBoard tag of a statistic: ``eval/...`` for evaluation, ``train/...`` otherwise."""
     if name.startswith(EVAL_PREFIX):
-        return f"eval/{name[len(EVAL_PREFIX):]}"
+        return f"eval/{name[len(EVAL_PREFIX) :]}"
     return f"train/{name}"
 
 
@@ -61,21 +61,35 @@ class ConsoleWriter:
         if total_env_steps:
             columns.append(TimeRemainingColumn())
         self.progress = Progress(*columns, console=self.console, transient=False)
-        self.task = self.progress.add_task("train", total=total_env_steps, epoch=0, sps=0.0,
-                                           ret="-", lag="-")
+        self.task = self.progress.add_task(
+            "train", total=total_env_steps, epoch=0, sps=0.0, ret="-", lag="-"
+        )
         self.progress.start()
 
-    def on_update(self, env_steps: int, steps_per_second: float, recent_return: float | None,
-                  lag: float | None, epoch: int) -> None:
+    def on_update(
+        self,
+        env_steps: int,
+        steps_per_second: float,
+        recent_return: float | None,
+        lag: float | None,
+        epoch: int,
+    ) -> None:
         self.progress.update(
-            self.task, completed=env_steps, epoch=epoch, sps=steps_per_second,
+            self.task,
+            completed=env_steps,
+            epoch=epoch,
+            sps=steps_per_second,
             ret="-" if recent_return is None else f"{recent_return:.1f}",
             lag="-" if lag is None else f"{lag:.1f}",
         )
 
     def on_epoch(self, epoch: int, env_steps: int, stats: dict[str, float]) -> None:
-        table = Table(title=f"epoch {epoch} · {env_steps:,} env steps", title_justify="left",
-                      show_edge=False, pad_edge=False)
+        table = Table(
+            title=f"epoch {epoch} · {env_steps:,} env steps",
+            title_justify="left",
+            show_edge=False,
+            pad_edge=False,
+        )
         shown = [(key, label) for key, label in CONSOLE_STATS if key in stats]
         for _, label in shown:
             table.add_column(label, justify="right")
@@ -94,8 +108,10 @@ class JsonlWriter:
 
     def on_epoch(self, epoch: int, env_steps: int, stats: dict[str, float]) -> None:
         row = {"epoch": epoch, "env_steps": env_steps, **stats}
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                 for k, v in row.items()}
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in row.items()
+        }
         self.file.write(json.dumps(clean) + "\n")
         self.file.flush()
 

@@ -12,8 +12,9 @@ from impala_rl.config import RunConfig
 from impala_rl.nn import ActorCritic
 
 
-def make_actors(cfg: RunConfig, env_factory: Callable[[], gym.Env],
-                model: ActorCritic) -> DistributedActors:
+def make_actors(
+    cfg: RunConfig, env_factory: Callable[[], gym.Env], model: ActorCritic
+) -> DistributedActors:
     """The backend ``runner.backend`` names."""
     backend = cfg.runner.backend
     if backend == "sequential":
@@ -21,5 +22,10 @@ def make_actors(cfg: RunConfig, env_factory: Callable[[], gym.Env],
     raise NotImplementedError(f"runner.backend={backend!r} is not available yet; use sequential")
 
 
-__all__ = ["CollectedOutputs", "DistributedActors", "SequentialDistributedActors", "actor_seed",
-           "make_actors"]
+__all__ = [
+    "CollectedOutputs",
+    "DistributedActors",
+    "SequentialDistributedActors",
+    "actor_seed",
+    "make_actors",
+]

@@ -48,8 +48,13 @@ class DistributedActors(abc.ABC):
     :class:`impala_rl.events.ActorEvents`, reduced per epoch by the aggregator.
     """
 
-    def __init__(self, env_factory: Callable[[], gym.Env], model: ActorCritic,
-                 cfg: ImpalaAlgorithmConfig, seed: int):
+    def __init__(
+        self,
+        env_factory: Callable[[], gym.Env],
+        model: ActorCritic,
+        cfg: ImpalaAlgorithmConfig,
+        seed: int,
+    ):
         self.env_factory = env_factory
         self.cfg = cfg
         self.seed = seed
@@ -63,8 +68,9 @@ class DistributedActors(abc.ABC):
     def spec(self, observation_space: gym.spaces.Box) -> RolloutSpec:
         from impala_rl.rollout import rollout_spec_for
 
-        return rollout_spec_for(self._template, observation_space, self.cfg.n_rollout_steps,
-                                self.cfg.envs_per_actor)
+        return rollout_spec_for(
+            self._template, observation_space, self.cfg.n_rollout_steps, self.cfg.envs_per_actor
+        )
 
     @abc.abstractmethod
     def start(self) -> None:

@@ -22,16 +22,27 @@ class SequentialDistributedActors(DistributedActors):
     def start(self) -> None:
         cfg = self.cfg
         self.actors = [
-            ActorLoop(self.env_factory, cfg.envs_per_actor, copy.deepcopy(self._template),
-                      actor_seed(self.seed, i), cfg.n_rollout_steps)
+            ActorLoop(
+                self.env_factory,
+                cfg.envs_per_actor,
+                copy.deepcopy(self._template),
+                actor_seed(self.seed, i),
+                cfg.n_rollout_steps,
+            )
             for i in range(cfg.num_actors)
         ]
         for actor in self.actors:
             actor.policy_version = self.policy_version
         observation_space = self.actors[0].envs.single_observation_space
         spec = self.spec(observation_space)
-        batch_spec = type(spec)(spec.T, spec.N * cfg.actors_batch_size, spec.obs_shape,
-                                spec.obs_dtype, spec.action_shape, spec.action_dtype)
+        batch_spec = type(spec)(
+            spec.T,
+            spec.N * cfg.actors_batch_size,
+            spec.obs_shape,
+            spec.obs_dtype,
+            spec.action_shape,
+            spec.action_dtype,
+        )
         self._batch = batch_spec.allocate()
         self._next_actor = 0
 
@@ -53,13 +64,17 @@ class SequentialDistributedActors(DistributedActors):
             actor = self.actors[self._next_actor]
             self._next_actor = (self._next_actor + 1) % len(self.actors)
             cols = slice(b * n, (b + 1) * n)
-            slot = {k: (v[cols] if k == "policy_version" else v[:, cols])
-                    for k, v in self._batch.items()}
+            slot = {
+                k: (v[cols] if k == "policy_version" else v[:, cols])
+                for k, v in self._batch.items()
+            }
             result = actor.unroll(slot)
             self.record_unroll(result)
             env_steps += result.env_steps
         t0 = time.perf_counter()
         device = torch.device(learner_device)
-        batch = {k: v.to(device, copy=True) if device.type != "cpu" else v
-                 for k, v in self._batch.items()}
+        batch = {
+            k: v.to(device, copy=True) if device.type != "cpu" else v
+            for k, v in self._batch.items()
+        }
         return CollectedOutputs(batch, 0, 0, time.perf_counter() - t0, env_steps)

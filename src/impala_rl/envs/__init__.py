@@ -8,5 +8,10 @@ from impala_rl.envs.factory import (
     model_observation_space,
 )
 
-__all__ = ["EnvError", "EnvFactory", "make_env_factory", "make_vector_env",
-           "model_observation_space"]
+__all__ = [
+    "EnvError",
+    "EnvFactory",
+    "make_env_factory",
+    "make_vector_env",
+    "model_observation_space",
+]

@@ -37,8 +37,7 @@ def model_observation_space(space: spaces.Space) -> spaces.Box:
         raise EnvError(f"observation space {space} is not supported: {exc}") from None
     if not isinstance(flat, spaces.Box):
         raise EnvError(f"observation space {space} does not flatten to a Box")
-    return spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32),
-                      dtype=np.float32)
+    return spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32)
 
 
 class ModelObservation(gym.ObservationWrapper):
@@ -79,8 +78,9 @@ def _import_callable(spec: str) -> Callable[..., gym.Env]:
 class EnvFactory:
     """A picklable callable that builds one wrapped env (sent to actor processes as is)."""
 
-    def __init__(self, env_id: str, kwargs: dict | None = None,
-                 max_episode_steps: int | None = None):
+    def __init__(
+        self, env_id: str, kwargs: dict | None = None, max_episode_steps: int | None = None
+    ):
         self.env_id = env_id
         self.kwargs = dict(kwargs or {})
         self.max_episode_steps = max_episode_steps
