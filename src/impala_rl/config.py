@@ -23,6 +23,7 @@ REWARD_CLIPPING_MODES = ("none", "abs_one", "soft_asymmetric")
 OPTIMIZERS = ("adam", "rmsprop")
 LR_SCHEDULES = ("constant", "linear")
 BACKENDS = ("sequential", "subprocess", "ray")
+START_METHODS = ("forkserver", "spawn", "fork")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")
 
 
@@ -139,7 +140,16 @@ class RunnerConfig:
     """Where the actors run."""
 
     backend: str = "sequential"
-    """``sequential`` (in-process, deterministic); ``subprocess`` and ``ray`` are planned."""
+    """``sequential`` (in-process, deterministic), ``subprocess`` (shared memory, fast) or
+    ``ray`` (clusters)."""
+    start_method: str = "forkserver"
+    """How actor processes start: ``forkserver`` or ``spawn`` (safe), ``fork`` (only when the
+    learner process has no threads yet)."""
+    max_actor_restarts: int = 3
+    """Actor processes that die are restarted up to this many times in a run, then training
+    stops with an error."""
+    shutdown_timeout_s: float = 10.0
+    """Seconds to wait for actors to stop before they are terminated, then killed."""
 
 
 @dataclass
@@ -419,6 +429,22 @@ def validate(cfg: RunConfig) -> None:
     _check(m.activation in ACTIVATIONS, "model.activation", " | ".join(ACTIVATIONS), m.activation)
     _check(
         cfg.runner.backend in BACKENDS, "runner.backend", " | ".join(BACKENDS), cfg.runner.backend
+    )
+    r = cfg.runner
+    _check(
+        r.start_method in START_METHODS,
+        "runner.start_method",
+        " | ".join(START_METHODS),
+        r.start_method,
+    )
+    _check(
+        r.max_actor_restarts >= 0,
+        "runner.max_actor_restarts",
+        "an integer >= 0",
+        r.max_actor_restarts,
+    )
+    _check(
+        r.shutdown_timeout_s > 0, "runner.shutdown_timeout_s", "a number > 0", r.shutdown_timeout_s
     )
     _check(
         cfg.log.checkpoint_every_epochs >= 1,

@@ -138,8 +138,8 @@ class Learner:
             total = total + cfg.policy_loss_coef * pg_loss + cfg.entropy_coef * ent_loss
         if not bool(torch.isfinite(total)):
             raise NonFiniteError(
-                f"loss is not finite (policy {float(pg_loss)}, value {float(value_loss)}, "
-                f"entropy {float(ent_loss)}); lower algorithm.lr or check the env's rewards"
+                f"loss is not finite (policy {pg_loss.item()}, value {value_loss.item()}, "
+                f"entropy {ent_loss.item()}); lower algorithm.lr or check the env's rewards"
             )
         t2 = time.perf_counter()
 
@@ -159,11 +159,11 @@ class Learner:
         clipped = float((rhos > rho_bar).float().mean()) if rho_bar is not None else 0.0
         k = SINGLE_KEY
         return UpdateStats(
-            total_loss=float(total),
-            policy_loss={k: float(pg_loss)},
+            total_loss=float(total.detach()),
+            policy_loss={k: float(pg_loss.detach())},
             policy_entropy={k: float(entropy.detach().mean())},
             policy_grad_norm={k: policy_grad_norm},
-            critic_value_loss={k: float(value_loss)},
+            critic_value_loss={k: float(value_loss.detach())},
             critic_value={k: float(values.detach().mean())},
             critic_grad_norm={k: critic_grad_norm},
             grad_norm=grad_norm,

@@ -14,6 +14,7 @@ field                  shape              meaning
 ``truncated``          ``[T, N]``         the episode was cut (time limit): bootstrap
 ``truncation_value``   ``[T, N]``         V(final obs) of the acting policy where truncated
 ``policy_version``     ``[N]``            learner update count of the acting policy
+``actor_index``        ``[N]``            which actor filled the column
 =====================  =================  ==================================================
 
 With same-step autoreset ``obs[t+1]`` already belongs to the next episode when step ``t``
@@ -66,6 +67,7 @@ class RolloutSpec:
             "truncated": ((T, N), torch.bool),
             "truncation_value": ((T, N), torch.float32),
             "policy_version": ((N,), torch.int64),
+            "actor_index": ((N,), torch.int64),
         }
 
     def allocate(self, share_memory: bool = False) -> dict[str, torch.Tensor]:
@@ -85,7 +87,7 @@ def concat_slots(slots: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor
         return {k: v.clone() for k, v in slots[0].items()}
     out = {}
     for name in slots[0]:
-        dim = 0 if name == "policy_version" else 1
+        dim = 0 if slots[0][name].ndim == 1 else 1
         out[name] = torch.cat([s[name] for s in slots], dim=dim)
     return out
 
@@ -131,12 +133,14 @@ class ActorLoop:
         model: ActorCritic,
         seed: int,
         unroll_length: int,
+        actor_index: int = 0,
     ):
         self.envs = make_vector_env(env_factory, num_envs)
         self.model = model
         self.model.eval()
         self.num_envs = num_envs
         self.T = unroll_length
+        self.actor_index = actor_index
         self.policy_version = 0
         self.generator = torch.Generator().manual_seed(seed)
         obs, _ = self.envs.reset(seed=seed)
@@ -189,6 +193,7 @@ class ActorLoop:
         slot["obs"][self.T] = self.obs
         slot["first"][self.T] = self.first
         slot["policy_version"].fill_(self.policy_version)
+        slot["actor_index"].fill_(self.actor_index)
         return UnrollResult(returns, lengths, self.T * self.num_envs)
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ A statistic's flat name is ``event[/output][/group]``, e.g. ``policy_loss/0``,
 from __future__ import annotations
 
 import math
+import threading
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -73,6 +74,7 @@ class EventRecorder:
     def __init__(self) -> None:
         self._values: dict[tuple[str, Any], list[dict[str, float]]] = defaultdict(list)
         self._specs: dict[str, EventSpec] = {}
+        self._lock = threading.Lock()  # actors' events may come from a dispatcher thread
 
     def interface(self, interface: type) -> Any:
         """A proxy whose methods record the interface's events."""
@@ -86,11 +88,13 @@ class EventRecorder:
         if args:
             kwargs.update(zip(spec.fields, args, strict=False))
         group = kwargs.pop(spec.group_by) if spec.group_by else None
-        self._values[(spec.name, group)].append(kwargs)
+        with self._lock:
+            self._values[(spec.name, group)].append(kwargs)
 
     def drain(self) -> tuple[dict[str, EventSpec], dict[tuple[str, Any], list[dict[str, float]]]]:
-        values, self._values = self._values, defaultdict(list)
-        return dict(self._specs), values
+        with self._lock:
+            values, self._values = self._values, defaultdict(list)
+            return dict(self._specs), values
 
     def merge_raw(self, specs: dict[str, EventSpec], values: dict) -> None:
         """Add values drained from another recorder (e.g. from an actor)."""

@@ -19,7 +19,15 @@ def make_actors(
     backend = cfg.runner.backend
     if backend == "sequential":
         return SequentialDistributedActors(env_factory, model, cfg.algorithm, cfg.seed)
-    raise NotImplementedError(f"runner.backend={backend!r} is not available yet; use sequential")
+    if backend == "subprocess":
+        from impala_rl.actors.subprocess import SubprocessDistributedActors
+
+        return SubprocessDistributedActors(
+            env_factory, model, cfg.algorithm, cfg.seed, runner=cfg.runner
+        )
+    raise NotImplementedError(
+        f"runner.backend={backend!r} is not available yet; valid: sequential | subprocess"
+    )
 
 
 __all__ = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,7 @@ class DistributedActors(abc.ABC):
         self.events = self.recorder.interface(ActorEvents)
         self._aggregator = EpochStatsAggregator(self.recorder)
         self._new_returns: list[float] = []
+        self._returns_lock = threading.Lock()
 
     def spec(self, observation_space: gym.spaces.Box) -> RolloutSpec:
         from impala_rl.rollout import rollout_spec_for
@@ -93,11 +95,13 @@ class DistributedActors(abc.ABC):
             self.events.episode_return(ret)
             self.events.episode_length(length)
         self.events.env_steps(result.env_steps)
-        self._new_returns.extend(result.episode_returns)
+        with self._returns_lock:
+            self._new_returns.extend(result.episode_returns)
 
     def recent_returns_since_last_call(self) -> list[float]:
         """Episode returns finished since the previous call (for live progress)."""
-        returns, self._new_returns = self._new_returns, []
+        with self._returns_lock:
+            returns, self._new_returns = self._new_returns, []
         return returns
 
     def get_epoch_stats_aggregator(self) -> EpochStatsAggregator:

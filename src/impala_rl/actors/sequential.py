@@ -28,6 +28,7 @@ class SequentialDistributedActors(DistributedActors):
                 copy.deepcopy(self._template),
                 actor_seed(self.seed, i),
                 cfg.n_rollout_steps,
+                actor_index=i,
             )
             for i in range(cfg.num_actors)
         ]
@@ -64,10 +65,7 @@ class SequentialDistributedActors(DistributedActors):
             actor = self.actors[self._next_actor]
             self._next_actor = (self._next_actor + 1) % len(self.actors)
             cols = slice(b * n, (b + 1) * n)
-            slot = {
-                k: (v[cols] if k == "policy_version" else v[:, cols])
-                for k, v in self._batch.items()
-            }
+            slot = {k: (v[cols] if v.ndim == 1 else v[:, cols]) for k, v in self._batch.items()}
             result = actor.unroll(slot)
             self.record_unroll(result)
             env_steps += result.env_steps

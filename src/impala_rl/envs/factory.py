@@ -122,12 +122,42 @@ def make_env_factory(env_cfg: Any) -> EnvFactory:
     return factory
 
 
+class _IndexedEnv(gym.Wrapper):
+    """Names the env (its index in the vector env) in any error it raises."""
+
+    def __init__(self, env: gym.Env, index: int):
+        super().__init__(env)
+        self.index = index
+
+    def step(self, action: Any) -> Any:
+        try:
+            return self.env.step(action)
+        except Exception as exc:
+            raise EnvError(f"env {self.index} raised {type(exc).__name__} in step: {exc}") from exc
+
+    def reset(self, **kwargs: Any) -> Any:
+        try:
+            return self.env.reset(**kwargs)
+        except Exception as exc:
+            raise EnvError(f"env {self.index} raised {type(exc).__name__} in reset: {exc}") from exc
+
+
+class _IndexedFactory:
+    def __init__(self, factory: Callable[[], gym.Env], index: int):
+        self.factory, self.index = factory, index
+
+    def __call__(self) -> gym.Env:
+        return _IndexedEnv(self.factory(), self.index)
+
+
 def make_vector_env(factory: Callable[[], gym.Env], num_envs: int) -> gym.vector.VectorEnv:
     """A synchronous vector env with same-step autoreset.
 
     On the step that ends an episode the env returns the next episode's first observation and
     puts the final one in ``info["final_obs"]``, which truncation needs for its bootstrap.
+    Errors raised by an env name its index.
     """
     return gym.vector.SyncVectorEnv(
-        [factory] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        [_IndexedFactory(factory, i) for i in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )

@@ -1,0 +1,452 @@
+"""Actor processes writing into preallocated shared-memory slots: the fast default.
+
+Layout
+------
+- ``num_slots = max_waiting + num_actors + actors_batch_size`` slots (dicts of shared
+  tensors, ``[T+1, N, ...]``; uint8 stays uint8), created once. Only slot *indices* travel.
+- Each actor owns one pipe to the learner process. The learner's dispatcher thread hands an
+  actor a free slot index; the actor fills it (one unroll) and sends the index back with its
+  episode statistics. At most ``max_waiting = ceil(queue_out_of_sync_factor *
+  actors_batch_size)`` full slots wait for the learner; an actor whose slot finds the queue
+  full is given no new slot until the learner takes a batch (it blocks), which bounds
+  staleness.
+- The dispatcher also assembles the next batch while the learner updates (prefetch), drops
+  slots older than ``max_policy_lag`` (counted), notices dead actors at once (process
+  sentinels), reclaims their slot and restarts them up to ``runner.max_actor_restarts``.
+- Weights: one shared flat float buffer plus a header ``[seqlock, version]``. The learner
+  writes under the seqlock; actors copy a consistent snapshot between unrolls only.
+
+Shared memory comes from torch's file-descriptor strategy, so nothing is left under
+``/dev/shm`` even when a process is killed.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import torch
+import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
+
+from impala_rl.actors.base import CollectedOutputs, DistributedActors, actor_seed
+from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult
+
+POLL_S = 0.05
+
+
+class ActorError(RuntimeError):
+    """An actor failed (an exception in its env or policy, or too many deaths)."""
+
+
+# -- weights: a flat buffer behind a seqlock --------------------------------------------------
+class SharedWeights:
+    """A flat float32 copy of a state dict in shared memory, with a version counter."""
+
+    def __init__(self, state_dict: dict[str, torch.Tensor]):
+        self.keys = list(state_dict)
+        self.shapes = [tuple(v.shape) for v in state_dict.values()]
+        self.dtypes = [v.dtype for v in state_dict.values()]
+        self.numels = [v.numel() for v in state_dict.values()]
+        self.buffer = torch.zeros(sum(self.numels), dtype=torch.float32).share_memory_()
+        self.header = torch.zeros(2, dtype=torch.int64).share_memory_()  # [seq, version]
+
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        flat = torch.cat([state_dict[k].detach().reshape(-1).float().cpu() for k in self.keys])
+        self.header[0] += 1  # odd: writing
+        self.buffer.copy_(flat)
+        self.header[1] = version
+        self.header[0] += 1  # even: consistent
+
+    def read_into(self, model: torch.nn.Module, known_version: int) -> int:
+        """Copy the weights into ``model`` if newer than ``known_version``; returns the version."""
+        while True:
+            seq = int(self.header[0])
+            version = int(self.header[1])
+            if version == known_version and seq % 2 == 0:
+                return known_version
+            if seq % 2 == 1:
+                time.sleep(0.0005)
+                continue
+            snapshot = self.buffer.clone()
+            if int(self.header[0]) != seq:
+                continue
+            state = {}
+            offset = 0
+            for key, shape, dtype, n in zip(
+                self.keys, self.shapes, self.dtypes, self.numels, strict=True
+            ):
+                state[key] = snapshot[offset : offset + n].view(shape).to(dtype)
+                offset += n
+            model.load_state_dict(state)
+            return version
+
+
+# -- the actor process --------------------------------------------------------------------------
+def _actor_main(
+    actor_index: int,
+    conn: Connection,
+    env_factory: Any,
+    model: torch.nn.Module,
+    slots: list[dict[str, torch.Tensor]],
+    weights: SharedWeights,
+    num_envs: int,
+    unroll_length: int,
+    seed: int,
+) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process handles Ctrl-C
+    torch.set_num_threads(1)
+    try:
+        loop = ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index)
+        loop.policy_version = weights.read_into(loop.model, -1)
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                break
+            version = weights.read_into(loop.model, loop.policy_version)
+            loop.policy_version = version
+            result = loop.unroll(slots[msg])
+            conn.send(("full", msg, result))
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass  # the learner is gone or stopping us
+    except BaseException as exc:  # report, then exit non-zero
+        text = "".join(traceback.format_exception(exc))
+        try:
+            conn.send(("error", actor_index, f"{type(exc).__name__}: {exc}", text))
+        except (BrokenPipeError, OSError):
+            pass
+        os._exit(1)
+    finally:
+        try:
+            loop.close()  # type: ignore[possibly-undefined]
+        except Exception:
+            pass
+
+
+class _Actor:
+    """The learner's view of one actor process."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.process: Any = None
+        self.conn: Connection | None = None
+        self.slot: int | None = None  # slot it is filling
+        self.blocked_slot: int | None = None  # full slot waiting for room in the queue
+        self.starts = 0
+
+
+class SubprocessDistributedActors(DistributedActors):
+    """``num_actors`` processes, shared-memory slots, a bounded queue and prefetching."""
+
+    def __init__(self, *args: Any, runner: Any = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.runner = runner
+        self.start_method = getattr(runner, "start_method", "forkserver")
+        self.max_restarts = getattr(runner, "max_actor_restarts", 3)
+        self.shutdown_timeout_s = getattr(runner, "shutdown_timeout_s", 10.0)
+        self.restarts = 0
+        self._started = False
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        cfg = self.cfg
+        for name, obj in (("env factory", self.env_factory), ("policy", self._template)):
+            try:
+                pickle.dumps(obj)
+            except Exception as exc:
+                raise ActorError(
+                    f"the {name} {obj!r} cannot be sent to an actor process "
+                    f"({type(exc).__name__}: {exc}); use an importable 'module:callable' "
+                    "factory, or runner.backend=sequential"
+                ) from None
+        self.ctx = mp.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            self.ctx.set_forkserver_preload(["impala_rl.rollout"])
+        probe = self.env_factory()
+        spec: RolloutSpec = self.spec(probe.observation_space)
+        probe.close()
+        self.max_waiting = max(1, math.ceil(cfg.queue_out_of_sync_factor * cfg.actors_batch_size))
+        n_slots = self.max_waiting + cfg.num_actors + cfg.actors_batch_size
+        self.slots = [spec.allocate(share_memory=True) for _ in range(n_slots)]
+        batch_spec = RolloutSpec(
+            spec.T,
+            spec.N * cfg.actors_batch_size,
+            spec.obs_shape,
+            spec.obs_dtype,
+            spec.action_shape,
+            spec.action_dtype,
+        )
+        self._batch_spec = batch_spec
+        self.weights = SharedWeights(self._template.state_dict())
+        self.weights.publish(self._template.state_dict(), self.policy_version)
+        self._free: collections.deque[int] = collections.deque(range(n_slots))
+        self._ready: collections.deque[int] = collections.deque()
+        self._lock = threading.Condition()
+        self._batches: collections.deque[CollectedOutputs] = collections.deque()
+        self._error: BaseException | None = None
+        self._stopping = False
+        self._dropped = 0
+        self._assembling = False
+        self._learner_device: torch.device | None = None
+        self.actors = [_Actor(i) for i in range(cfg.num_actors)]
+        self._started = True
+        try:
+            for actor in self.actors:
+                self._spawn(actor)
+                self._give_slot(actor)
+        except BaseException:
+            self.stop()
+            raise
+        self._dispatcher = threading.Thread(
+            target=self._dispatch_loop, name="impala-dispatcher", daemon=True
+        )
+        self._dispatcher.start()
+
+    def _spawn(self, actor: _Actor) -> None:
+        cfg = self.cfg
+        parent_conn, child_conn = self.ctx.Pipe(duplex=True)
+        seed = actor_seed(self.seed, actor.index)
+        if actor.starts:
+            seed = actor_seed(self.seed + 7919 * actor.starts, actor.index)
+        process = self.ctx.Process(
+            target=_actor_main,
+            name=f"impala-actor-{actor.index}",
+            args=(
+                actor.index,
+                child_conn,
+                self.env_factory,
+                self._template,
+                self.slots,
+                self.weights,
+                cfg.envs_per_actor,
+                cfg.n_rollout_steps,
+                seed,
+            ),
+            daemon=True,
+        )
+        process.start()
+        child_conn.close()
+        actor.process, actor.conn = process, parent_conn
+        actor.starts += 1
+
+    def _give_slot(self, actor: _Actor) -> None:
+        if actor.slot is None and actor.blocked_slot is None and self._free:
+            actor.slot = self._free.popleft()
+            actor.conn.send(actor.slot)  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        dispatcher = getattr(self, "_dispatcher", None)
+        if dispatcher is not None:
+            dispatcher.join(timeout=self.shutdown_timeout_s)
+        for actor in self.actors:
+            if actor.conn is not None:
+                try:
+                    actor.conn.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+        deadline = time.monotonic() + self.shutdown_timeout_s
+        for actor in self.actors:
+            if actor.process is not None:
+                actor.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for actor in self.actors:
+            p = actor.process
+            if p is not None and p.is_alive():
+                p.terminate()
+                p.join(timeout=2.0)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=2.0)
+            if actor.conn is not None:
+                actor.conn.close()
+            if p is not None:
+                p.close()
+            actor.process = actor.conn = None
+
+    # -- the dispatcher thread ------------------------------------------------------------------
+    def _dispatch_loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._stopping:
+                        return
+                    waitables: list[Any] = []
+                    owner: dict[Any, _Actor] = {}
+                    for actor in self.actors:
+                        if actor.conn is not None:
+                            waitables += [actor.conn, actor.process.sentinel]
+                            owner[actor.conn] = owner[actor.process.sentinel] = actor
+                for ready in wait(waitables, timeout=POLL_S):
+                    actor = owner[ready]
+                    with self._lock:
+                        if ready is actor.conn:
+                            self._on_message(actor)
+                        elif ready is actor.process.sentinel and not actor.conn.poll():
+                            self._on_death(actor)
+                self._assemble()
+        except BaseException as exc:  # surfaces in collect_outputs
+            with self._lock:
+                self._error = self._error or exc
+                self._lock.notify_all()
+
+    def _on_message(self, actor: _Actor) -> None:
+        try:
+            msg = actor.conn.recv()  # type: ignore[union-attr]
+        except (EOFError, OSError):
+            self._on_death(actor)
+            return
+        if msg[0] == "error":
+            _, index, summary, text = msg
+            self._error = ActorError(f"actor {index} failed: {summary}\n{text}")
+            self._lock.notify_all()
+            return
+        _, slot, result = msg
+        result: UnrollResult
+        self.record_unroll(result)
+        actor.slot = None
+        if len(self._ready) < self.max_waiting:
+            self._ready.append(slot)
+            self._give_slot(actor)
+        else:
+            actor.blocked_slot = slot
+        self._lock.notify_all()
+
+    def _on_death(self, actor: _Actor) -> None:
+        if self._stopping:
+            return
+        exitcode = actor.process.exitcode
+        failed = self._error is not None
+        if actor.slot is not None:  # reclaim the slot it was filling
+            self._free.append(actor.slot)
+            actor.slot = None
+        if actor.blocked_slot is not None:
+            self._free.append(actor.blocked_slot)
+            actor.blocked_slot = None
+        actor.conn.close()
+        actor.process.join(timeout=1.0)
+        actor.process.close()
+        actor.process = actor.conn = None
+        if failed:
+            return
+        if self.restarts >= self.max_restarts:
+            self._error = ActorError(
+                f"actor {actor.index} died (exit code {exitcode}) and the restart limit "
+                f"runner.max_actor_restarts={self.max_restarts} is reached"
+            )
+            self._lock.notify_all()
+            return
+        self.restarts += 1
+        self.events.actor_restarts(1)
+        self._spawn(actor)
+        self._give_slot(actor)
+
+    def _assemble(self) -> None:
+        """Copy ``actors_batch_size`` ready slots into a batch while the learner is busy."""
+        with self._lock:
+            if self._batches or self._assembling or self._learner_device is None:
+                return
+            self._drop_stale()
+            if len(self._ready) < self.cfg.actors_batch_size:
+                return
+            taken = [self._ready.popleft() for _ in range(self.cfg.actors_batch_size)]
+            self._assembling = True
+            queue_before = len(self._ready) + len(taken)
+            device = self._learner_device
+        t0 = time.perf_counter()
+        batch = self._batch_spec.allocate()
+        if device.type == "cuda":
+            batch = {k: v.pin_memory() for k, v in batch.items()}
+        n = self.cfg.envs_per_actor
+        for b, slot_index in enumerate(taken):
+            cols = slice(b * n, (b + 1) * n)
+            for key, src in self.slots[slot_index].items():
+                (batch[key][cols] if src.ndim == 1 else batch[key][:, cols]).copy_(src)
+        env_steps = len(taken) * self.cfg.n_rollout_steps * n
+        if device.type != "cpu":
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        copy_time = time.perf_counter() - t0
+        with self._lock:
+            self._assembling = False
+            self._free.extend(taken)
+            self._unblock()
+            dropped, self._dropped = self._dropped, 0
+            self._batches.append(
+                CollectedOutputs(
+                    batch, queue_before, len(self._ready), copy_time, env_steps, dropped
+                )
+            )
+            self._lock.notify_all()
+
+    def _drop_stale(self) -> None:
+        lag_bound = self.cfg.max_policy_lag
+        if lag_bound is None:
+            return
+        keep = collections.deque()
+        for slot_index in self._ready:
+            version = int(self.slots[slot_index]["policy_version"][0])
+            if self.policy_version - version > lag_bound:
+                self._free.append(slot_index)
+                self._dropped += 1
+            else:
+                keep.append(slot_index)
+        self._ready = keep
+        self._unblock()
+
+    def _unblock(self) -> None:
+        """Move blocked full slots into the queue while there is room; re-arm their actors."""
+        for actor in self.actors:
+            if actor.blocked_slot is not None and len(self._ready) < self.max_waiting:
+                self._ready.append(actor.blocked_slot)
+                actor.blocked_slot = None
+                if actor.conn is not None:
+                    self._give_slot(actor)
+        for actor in self.actors:
+            if actor.conn is not None:
+                self._give_slot(actor)
+
+    # -- the learner's side -----------------------------------------------------------------------
+    def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.policy_version += 1
+        self.weights.publish(state_dict, self.policy_version)
+
+    def collect_outputs(self, learner_device: torch.device | str) -> CollectedOutputs:
+        device = torch.device(learner_device)
+        t0 = time.perf_counter()
+        with self._lock:
+            self._learner_device = device
+            while not self._batches:
+                if self._error is not None:
+                    raise self._error
+                if not self._dispatcher.is_alive():
+                    raise ActorError("the dispatcher thread stopped unexpectedly")
+                if len(self._ready) >= self.cfg.actors_batch_size and not self._assembling:
+                    break
+                self._lock.wait(timeout=POLL_S)
+        if not self._batches:
+            self._assemble()  # data is ready: assemble here rather than wait for the thread
+        with self._lock:
+            while not self._batches:
+                if self._error is not None:
+                    raise self._error
+                self._lock.wait(timeout=POLL_S)
+            out = self._batches.popleft()
+            self._lock.notify_all()
+        out.dequeue_time = time.perf_counter() - t0
+        return out
+
+    def queue_size(self) -> int:
+        with self._lock:
+            return len(self._ready)
