@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.items = [*args.items, *extra]
+    from impala_rl.actors import ActorError
     from impala_rl.checkpoint import CheckpointError
     from impala_rl.config import ConfigError
     from impala_rl.envs import EnvError
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     from impala_rl.trainer import RunDirError
 
     user_errors = (
+        ActorError,
         ConfigError,
         EnvError,
         RunDirError,

@@ -192,7 +192,7 @@ class ActorEvents:
         """Length of a finished training episode."""
 
     @epoch_stats("sum")
-    def env_steps(self, value):
+    def actor_env_steps(self, value):
         """Env steps collected (all envs of all actors)."""
 
     @epoch_stats("sum")

@@ -247,10 +247,11 @@ class Trainer:
         except KeyboardInterrupt:
             stopped_because = "interrupted"
             self.save_checkpoint()
-        except NonFiniteError as exc:
+        except NonFiniteError as exc:  # the model may be corrupt: keep the last good checkpoint
             stopped_because, error = "error", exc
-        except BaseException as exc:
+        except Exception as exc:  # e.g. actors failed: the model is fine, save it
             stopped_because, error = "error", exc
+            self._try_final_checkpoint()
         finally:
             actors.stop()
             for writer in self.writers:
@@ -260,6 +261,12 @@ class Trainer:
         if error is not None:
             raise error
         return summary
+
+    def _try_final_checkpoint(self) -> None:
+        try:
+            self.save_checkpoint()
+        except Exception as exc:  # the original error matters more
+            log.warning("could not write the final checkpoint: %s", exc)
 
     def _record_update(
         self, stats: Any, collected: Any, collect_time: float, total_time: float

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import gymnasium as gym
 
-from impala_rl.actors.base import CollectedOutputs, DistributedActors, actor_seed
+from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
 from impala_rl.actors.sequential import SequentialDistributedActors
 from impala_rl.config import RunConfig
 from impala_rl.nn import ActorCritic
@@ -31,6 +31,7 @@ def make_actors(
 
 
 __all__ = [
+    "ActorError",
     "CollectedOutputs",
     "DistributedActors",
     "SequentialDistributedActors",

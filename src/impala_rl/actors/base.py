@@ -20,6 +20,10 @@ from impala_rl.rollout import RolloutSpec, UnrollResult
 from impala_rl.stats import EPOCH, EpochStatsAggregator, EventRecorder
 
 
+class ActorError(RuntimeError):
+    """An actor failed (an exception in its env or policy, or too many deaths)."""
+
+
 @dataclass
 class CollectedOutputs:
     """One learner batch and how getting it went.
@@ -94,7 +98,7 @@ class DistributedActors(abc.ABC):
         for ret, length in zip(result.episode_returns, result.episode_lengths, strict=True):
             self.events.episode_return(ret)
             self.events.episode_length(length)
-        self.events.env_steps(result.env_steps)
+        self.events.actor_env_steps(result.env_steps)
         with self._returns_lock:
             self._new_returns.extend(result.episode_returns)
 

@@ -37,14 +37,10 @@ from typing import Any
 import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
-from impala_rl.actors.base import CollectedOutputs, DistributedActors, actor_seed
+from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
 from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult
 
 POLL_S = 0.05
-
-
-class ActorError(RuntimeError):
-    """An actor failed (an exception in its env or policy, or too many deaths)."""
 
 
 # -- weights: a flat buffer behind a seqlock --------------------------------------------------
