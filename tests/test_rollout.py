@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,11 @@ from impala_rl.envs import EnvFactory
 from impala_rl.learner import Learner
 from impala_rl.nn import ActorCritic
 from impala_rl.rollout import ActorLoop, concat_slots, rollout_spec_for
+
+# EnvFactory imports ``scripted_envs`` by name; pytest's default import mode already puts tests/
+# on sys.path, this keeps it working under --import-mode=importlib too.
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
 
 ENV_ID = "scripted_envs:make_env"
 GAMMA = 0.9
@@ -259,8 +266,9 @@ T_L = 7  # episodes of 3 steps end at t = 2 and t = 5
 def learner_batch(model: ActorCritic) -> dict[str, torch.Tensor]:
     """Columns 0-1 terminate after 3 steps, columns 2-3 are truncated after 3 steps."""
     term_loop = make_loop(copy.deepcopy(model), T_L, 2, seed=1, episode_lengths=(3,))
-    trunc_loop = make_loop(copy.deepcopy(model), T_L, 2, seed=2, max_episode_steps=3,
-                           terminate=False)  # fmt: skip
+    trunc_loop = make_loop(
+        copy.deepcopy(model), T_L, 2, seed=2, max_episode_steps=3, terminate=False
+    )
     s1, _ = unroll(term_loop)
     s2, _ = unroll(trunc_loop)
     term_loop.close()
@@ -333,15 +341,23 @@ def test_no_value_leaks_across_an_autoreset(monkeypatch):
         values = call["values"].clone()
         values[end + 1] += 1000.0
         vt = vtrace.from_importance_weights(
-            call["log_rhos"], call["discounts"], call["rewards"], values,
-            call["bootstrap_value"], lambda_=0.5,
-        )  # fmt: skip
+            call["log_rhos"],
+            call["discounts"],
+            call["rewards"],
+            values,
+            call["bootstrap_value"],
+            lambda_=0.5,
+        )
         torch.testing.assert_close(vt.vs[: end + 1], base[: end + 1])
         # counterfactual: had the discount at the end step not been 0, the value would leak
         leaky = vtrace.from_importance_weights(
-            call["log_rhos"], torch.full_like(call["discounts"], GAMMA), call["rewards"],
-            values, call["bootstrap_value"], lambda_=0.5,
-        )  # fmt: skip
+            call["log_rhos"],
+            torch.full_like(call["discounts"], GAMMA),
+            call["rewards"],
+            values,
+            call["bootstrap_value"],
+            lambda_=0.5,
+        )
         assert (leaky.vs[end] - base[end]).abs().min() > 100.0
 
     # (c2) end to end: a wildly different post-reset observation changes nothing up to the end
@@ -365,7 +381,9 @@ def test_learner_update_end_to_end_reports_policy_lag():
         assert math.isfinite(value)
     for d in (stats.policy_loss, stats.critic_value_loss, stats.policy_entropy):
         assert math.isfinite(d[0])
-    assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+    assert any(
+        not torch.equal(a, b) for a, b in zip(before, learner.model.parameters(), strict=True)
+    )
 
     learner.num_updates = 5
     batch["policy_version"] = torch.tensor([5, 4, 2, 0])
@@ -390,8 +408,7 @@ def collect(factory, model, seed: int, n: int = 3) -> list[dict[str, torch.Tenso
     with actors:
         # the CPU batch is the actors' reusable buffer: clone it before the next collect
         return [
-            {k: v.clone() for k, v in actors.collect_outputs("cpu").batch.items()}
-            for _ in range(n)
+            {k: v.clone() for k, v in actors.collect_outputs("cpu").batch.items()} for _ in range(n)
         ]
 
 

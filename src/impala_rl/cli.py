@@ -1,4 +1,4 @@
-"""The ``impala`` command: ``train``, ``eval`` (``plot`` and ``bench`` come with monitoring)."""
+"""The ``impala`` command: ``train``, ``eval`` and ``plot`` (``bench`` comes with monitoring)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ EPILOG = """examples:
   impala train --config my.yaml max_env_steps=100000
   impala train --resume runs/cp1
   impala eval runs/cp1 --episodes 20
+  impala plot runs/cp1 runs/cp2 --out compare.png
 """
 
 
@@ -52,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--render", action="store_true", help="show the env (render_mode=human)")
     ev.add_argument("--which", choices=("best", "last"), default="best")
     ev.add_argument("--seed", type=int, default=0)
+    plot = sub.add_parser("plot", help="draw runs' metrics.jsonl into a PNG")
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs to overlay")
+    plot.add_argument(
+        "--out",
+        metavar="FILE.png",
+        help="where to write (default RUN_DIR/plots.png for one run, ./impala_plots.png "
+        "for several)",
+    )
     return parser
 
 
@@ -126,6 +135,13 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot(args: argparse.Namespace) -> int:
+    from impala_rl.plot import plot_runs
+
+    print(plot_runs(args.run_dirs, args.out))
+    return 0
+
+
 class _UsageError(ValueError):
     pass
 
@@ -164,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "plot":
+            return _plot(args)
         return _eval(args)
     except user_errors as exc:
         print(f"impala: error: {exc}", file=sys.stderr)

@@ -166,6 +166,10 @@ class LogConfig:
     """Write ``metrics.jsonl`` (one line per epoch) into the run directory."""
     checkpoint_every_epochs: int = 1
     """Write ``checkpoints/last.pt`` every this many epochs."""
+    wandb: bool = False
+    """Also log every epoch's statistics to Weights & Biases (needs ``pip install wandb``)."""
+    wandb_project: str = "impala-rl"
+    """The Weights & Biases project the run is logged to when ``wandb`` is true."""
 
 
 @dataclass
@@ -181,10 +185,15 @@ class RunConfig:
     max_wall_time_s: float | None = None
     """Stop after this many seconds of training (``null``: no limit)."""
     algorithm: ImpalaAlgorithmConfig = field(default_factory=ImpalaAlgorithmConfig)
+    """IMPALA hyper-parameters."""
     env: EnvConfig = field(default_factory=EnvConfig)
+    """The environment to train on."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The actor-critic network."""
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    """Where the actors run."""
     log: LogConfig = field(default_factory=LogConfig)
+    """Where statistics and checkpoints go."""
 
 
 def list_presets() -> list[str]:
@@ -207,8 +216,8 @@ def _preset_path(preset: str) -> Path:
     return candidate
 
 
-def _omegaconf_message(exc: OmegaConfBaseException) -> str:
-    key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
+def _omegaconf_message(exc: OmegaConfBaseException, key_hint: str | None = None) -> str:
+    key = getattr(exc, "full_key", None) or getattr(exc, "key", None) or key_hint
     msg = getattr(exc, "msg", None) or str(exc).splitlines()[0]
     msg = msg.splitlines()[0]
     if "Key" in msg and "not in" in msg:
@@ -242,27 +251,31 @@ def load_config(
     ``overrides`` are ``section.key=value`` strings (OmegaConf dotlist syntax, values parsed as
     YAML). ``base`` (a dict, e.g. a saved resolved config) replaces the preset.
     """
-    schema = OmegaConf.structured(RunConfig)
+    merged: Any = OmegaConf.structured(RunConfig)
+    layers: list[tuple[Any, str | None]] = []
+    if base is not None:
+        layers.append((OmegaConf.create(base) if isinstance(base, dict) else base, None))
+    if preset is not None:
+        path = _preset_path(str(preset))
+        try:
+            layers.append((OmegaConf.load(path), None))
+        except Exception as exc:  # YAML syntax errors
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from None
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(
+                f"override {item!r} is not of the form section.key=value (e.g. algorithm.lr=3e-4)"
+            )
+        try:
+            layers.append((OmegaConf.from_dotlist([item]), item.split("=", 1)[0]))
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"cannot parse override {item!r}: {exc}") from None
     try:
-        layers: list[Any] = [schema]
-        if base is not None:
-            layers.append(OmegaConf.create(base) if isinstance(base, dict) else base)
-        if preset is not None:
-            path = _preset_path(str(preset))
+        for layer, key_hint in layers:
             try:
-                layers.append(OmegaConf.load(path))
-            except OmegaConfBaseException:
-                raise
-            except Exception as exc:  # YAML syntax errors
-                raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from None
-        for item in overrides or []:
-            if "=" not in item:
-                raise ConfigError(
-                    f"override {item!r} is not of the form section.key=value "
-                    "(e.g. algorithm.lr=3e-4)"
-                )
-            layers.append(OmegaConf.from_dotlist([item]))
-        merged = OmegaConf.merge(*layers)
+                merged = OmegaConf.merge(merged, layer)
+            except OmegaConfBaseException as exc:
+                raise ConfigError(_omegaconf_message(exc, key_hint)) from None
         cfg: RunConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from None

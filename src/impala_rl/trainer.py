@@ -31,7 +31,7 @@ from impala_rl.learner import Learner, NonFiniteError, scheduled_lr
 from impala_rl.nn import ActorCritic
 from impala_rl.nn.factory import build_model
 from impala_rl.stats import EpochStatsAggregator, EventRecorder
-from impala_rl.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter
+from impala_rl.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter, WandbWriter
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +138,11 @@ class Trainer:
         self.run_events = self.recorder.interface(RunEvents)
         self.aggregator = EpochStatsAggregator(self.recorder)
         self.writers: list[Any] = []
+        if cfg.log.wandb:  # first: a missing wandb fails before any file is opened
+            self.writers.append(WandbWriter(cfg.log.wandb_project, self.run_dir, to_dict(cfg)))
         if cfg.log.jsonl:
-            self.writers.append(JsonlWriter(self.run_dir / "metrics.jsonl"))
+            path = self.run_dir / "metrics.jsonl"
+            self.writers.append(JsonlWriter(path, append=self.resume))
         if cfg.log.tensorboard:
             self.writers.append(TensorBoardWriter(self.run_dir / "tb"))
         self.console = ConsoleWriter(cfg.max_env_steps) if cfg.log.console else None

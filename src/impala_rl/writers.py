@@ -1,4 +1,4 @@
-"""Where epoch statistics go: the console, ``metrics.jsonl`` and TensorBoard."""
+"""Where epoch statistics go: the console, ``metrics.jsonl``, TensorBoard and W&B."""
 
 from __future__ import annotations
 
@@ -101,10 +101,14 @@ class ConsoleWriter:
 
 
 class JsonlWriter:
-    """``metrics.jsonl``: one JSON object per epoch with every statistic."""
+    """``metrics.jsonl``: one JSON object per epoch with every statistic.
 
-    def __init__(self, path: Path):
-        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open for the run)
+    A resumed run appends (``append=True``); a new run replaces an old file in its directory.
+    """
+
+    def __init__(self, path: Path, append: bool = True):
+        # kept open for the run
+        self.file = open(path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
 
     def on_epoch(self, epoch: int, env_steps: int, stats: dict[str, float]) -> None:
         row = {"epoch": epoch, "env_steps": env_steps, **stats}
@@ -135,3 +139,32 @@ class TensorBoardWriter:
 
     def close(self) -> None:
         self.writer.close()
+
+
+class WandbWriter:
+    """Weights & Biases: one ``log`` call per epoch, tagged like TensorBoard, against env steps.
+
+    ``wandb`` is optional; without it this raises a :class:`ConfigError` saying how to get it.
+    """
+
+    def __init__(self, project: str, run_dir: Path, config_dict: dict[str, Any]):
+        try:
+            import wandb
+        except ImportError:
+            from impala_rl.config import ConfigError
+
+            raise ConfigError(
+                "log.wandb=true needs the wandb package: pip install wandb (or set log.wandb=false)"
+            ) from None
+        run_dir = Path(run_dir)
+        self.run = wandb.init(
+            project=project, dir=str(run_dir), name=run_dir.name, config=config_dict
+        )
+
+    def on_epoch(self, epoch: int, env_steps: int, stats: dict[str, float]) -> None:
+        row: dict[str, Any] = {tag_for(name): value for name, value in stats.items()}
+        row["train/epoch"] = epoch
+        self.run.log(row, step=env_steps)
+
+    def close(self) -> None:
+        self.run.finish()

@@ -1,0 +1,360 @@
+"""Run config: presets, overrides, validation messages, round trips, field docs."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+
+import pytest
+
+from impala_rl import config as config_module
+from impala_rl.config import (
+    ConfigError,
+    ImpalaAlgorithmConfig,
+    RunConfig,
+    config_from_dict,
+    list_presets,
+    load_config,
+    to_dict,
+    to_yaml,
+)
+
+# ---------------------------------------------------------------------------------------------
+# presets
+# ---------------------------------------------------------------------------------------------
+
+
+def test_cartpole_preset_loads_by_name():
+    assert "cartpole" in list_presets()
+    cfg = load_config("cartpole")
+    assert isinstance(cfg, RunConfig)
+    assert cfg.env.id == "CartPole-v1"
+    assert cfg.target_return == 475
+    assert cfg.algorithm.lr == pytest.approx(1e-3)  # the preset's value, not the default 5e-4
+    assert cfg.algorithm.epoch_length == 20
+    assert cfg.algorithm.rollout_evaluator.n_episodes == 10  # untouched default
+
+
+def test_preset_loads_by_path(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("seed: 7\nalgorithm:\n  lr: 2.0e-4\n  gamma: 0.5\nenv:\n  id: Acrobot-v1\n")
+    for ref in (path, str(path)):
+        cfg = load_config(ref)
+        assert cfg.seed == 7
+        assert cfg.algorithm.lr == pytest.approx(2e-4)
+        assert cfg.algorithm.gamma == pytest.approx(0.5)
+        assert cfg.env.id == "Acrobot-v1"
+
+
+def test_no_preset_gives_the_defaults():
+    assert load_config() == RunConfig()
+
+
+def test_unknown_preset_lists_the_valid_ones():
+    with pytest.raises(ConfigError) as info:
+        load_config("no_such_preset")
+    msg = str(info.value)
+    assert "no_such_preset" in msg
+    for name in list_presets():
+        assert name in msg
+
+
+def test_missing_yaml_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algorithm: [unclosed\n")
+    with pytest.raises(ConfigError, match="bad.yaml"):
+        load_config(bad)
+
+
+def test_unknown_key_in_a_yaml_file_is_refused(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("algorithm:\n  learning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match=r"algorithm\.learning_rate"):
+        load_config(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# overrides
+# ---------------------------------------------------------------------------------------------
+
+
+def test_overrides_apply():
+    cfg = load_config(
+        "cartpole",
+        [
+            "seed=5",
+            "algorithm.lr=3e-4",
+            "algorithm.rollout_evaluator.n_episodes=3",
+            "algorithm.rollout_evaluator.deterministic=false",
+            "env.kwargs.foo=1",
+            "env.kwargs.name=bar",
+            "algorithm.max_grad_norm=null",
+            "algorithm.vtrace_clip_c_threshold=null",
+            "model.hidden_sizes=[32,16]",
+            "target_return=null",
+        ],
+    )
+    assert cfg.seed == 5
+    assert cfg.algorithm.lr == pytest.approx(3e-4)
+    assert cfg.algorithm.rollout_evaluator.n_episodes == 3
+    assert cfg.algorithm.rollout_evaluator.deterministic is False
+    assert cfg.env.kwargs == {"foo": 1, "name": "bar"}
+    assert cfg.algorithm.max_grad_norm is None
+    assert cfg.algorithm.vtrace_clip_c_threshold is None
+    assert cfg.model.hidden_sizes == [32, 16]
+    assert cfg.target_return is None
+    # untouched values keep the preset's
+    assert cfg.algorithm.epoch_length == 20
+
+
+def test_later_overrides_win_and_overrides_beat_the_preset():
+    cfg = load_config("cartpole", ["algorithm.gamma=0.5", "algorithm.gamma=0.7"])
+    assert cfg.algorithm.gamma == pytest.approx(0.7)
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError) as info:
+        load_config("cartpole", ["algorithm.lr"])
+    assert "algorithm.lr" in str(info.value)
+    assert "key=value" in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# validation: unknown keys, wrong types, ranges and choices
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, field, valid_hint",
+    [
+        ("algorithm.learning_rate=0.1", "algorithm.learning_rate", "lr"),
+        ("bogus=1", "bogus", "algorithm"),
+        ("algorithm.rollout_evaluator.bad=1", "algorithm.rollout_evaluator.bad", "n_episodes"),
+        ("model.depth=3", "model.depth", "hidden_sizes"),
+    ],
+)
+def test_unknown_keys_name_the_field_and_the_valid_keys(override, field, valid_hint):
+    with pytest.raises(ConfigError) as info:
+        load_config("cartpole", [override])
+    msg = str(info.value)
+    assert repr(field) in msg
+    assert "valid keys" in msg and valid_hint in msg
+
+
+@pytest.mark.parametrize(
+    "override, field, type_name",
+    [
+        ("algorithm.lr=abc", "algorithm.lr", "float"),
+        ("algorithm.num_actors=1.5", "algorithm.num_actors", "integer"),
+        ("algorithm.n_epochs=many", "algorithm.n_epochs", "integer"),
+        (
+            "algorithm.rollout_evaluator.deterministic=maybe",
+            "algorithm.rollout_evaluator.deterministic",
+            "bool",
+        ),
+        ("seed=x", "seed", "integer"),
+    ],
+)
+def test_wrong_types_name_the_field(override, field, type_name):
+    with pytest.raises(ConfigError) as info:
+        load_config("cartpole", [override])
+    msg = str(info.value)
+    assert f"'{field}'" in msg
+    assert type_name in msg.lower()
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [("algorithm.adam_betas=3", "algorithm.adam_betas"), ("env.kwargs=3", "env.kwargs")],
+)
+def test_scalar_for_a_container_names_the_field(override, field):
+    with pytest.raises(ConfigError, match=f"'{field}'"):
+        load_config("cartpole", [override])
+
+
+@pytest.mark.parametrize("override, field", [("model=3", "model"), ("runner=x", "runner")])
+def test_scalar_for_a_section_names_the_field(override, field):
+    with pytest.raises(ConfigError, match=f"'{field}'"):
+        load_config("cartpole", [override])
+
+
+@pytest.mark.parametrize(
+    "overrides, field, valid",
+    [
+        (["algorithm.lr=0"], "algorithm.lr", "> 0"),
+        (["algorithm.lr=-1e-3"], "algorithm.lr", "> 0"),
+        (["algorithm.gamma=1.01"], "algorithm.gamma", "[0, 1]"),
+        (["algorithm.gamma=-0.1"], "algorithm.gamma", "[0, 1]"),
+        (["algorithm.entropy_coef=-0.01"], "algorithm.entropy_coef", ">= 0"),
+        (["algorithm.value_loss_coef=-1"], "algorithm.value_loss_coef", ">= 0"),
+        (["algorithm.policy_loss_coef=-1"], "algorithm.policy_loss_coef", ">= 0"),
+        (["algorithm.optimizer=sgd"], "algorithm.optimizer", "adam | rmsprop"),
+        (["algorithm.reward_clipping=bad"], "algorithm.reward_clipping", "abs_one"),
+        (["runner.backend=bad"], "runner.backend", "sequential"),
+        (["algorithm.vtrace_lambda=2"], "algorithm.vtrace_lambda", "[0, 1]"),
+        (["algorithm.num_actors=0"], "algorithm.num_actors", ">= 1"),
+        (["algorithm.envs_per_actor=0"], "algorithm.envs_per_actor", ">= 1"),
+        (["algorithm.n_rollout_steps=0"], "algorithm.n_rollout_steps", ">= 1"),
+        (["algorithm.vtrace_clip_rho_threshold=0"], "algorithm.vtrace_clip_rho_threshold", "> 0"),
+        (["algorithm.adam_betas=[0.9]"], "algorithm.adam_betas", "two numbers"),
+        (["algorithm.device=tpu"], "algorithm.device", "cuda"),
+        (["model.activation=sigmoid"], "model.activation", "tanh"),
+        (["model.hidden_sizes=[]"], "model.hidden_sizes", "non-empty"),
+        (
+            ["algorithm.rollout_evaluator.n_episodes=0"],
+            "algorithm.rollout_evaluator.n_episodes",
+            ">= 1",
+        ),
+        (["env.max_episode_steps=0"], "env.max_episode_steps", ">= 1"),
+        (["log.checkpoint_every_epochs=0"], "log.checkpoint_every_epochs", ">= 1"),
+        (["max_env_steps=0"], "max_env_steps", ">= 1"),
+        (
+            ["algorithm.lr_schedule=linear", "max_env_steps=null"],
+            "algorithm.lr_decay_env_steps",
+            "max_env_steps",
+        ),
+        (["algorithm.lr_schedule=cosine"], "algorithm.lr_schedule", "constant | linear"),
+    ],
+)
+def test_out_of_range_values_name_the_field_and_what_is_valid(overrides, field, valid):
+    with pytest.raises(ConfigError) as info:
+        load_config("cartpole", overrides)
+    msg = str(info.value)
+    assert f"'{field}'" in msg
+    assert "valid" in msg
+    assert valid in msg
+
+
+def test_linear_schedule_is_fine_with_a_horizon():
+    # the cartpole preset sets max_env_steps
+    assert load_config("cartpole", ["algorithm.lr_schedule=linear"]).algorithm.lr_schedule == (
+        "linear"
+    )
+    cfg = load_config(None, ["algorithm.lr_schedule=linear", "algorithm.lr_decay_env_steps=1000"])
+    assert cfg.algorithm.lr_decay_env_steps == 1000
+    with pytest.raises(ConfigError, match="algorithm.lr_decay_env_steps"):
+        load_config(None, ["algorithm.lr_schedule=linear"])
+
+
+def test_boundary_values_are_accepted():
+    cfg = load_config(
+        "cartpole",
+        [
+            "algorithm.gamma=1.0",
+            "algorithm.vtrace_lambda=0",
+            "algorithm.entropy_coef=0",
+            "algorithm.optimizer=rmsprop",
+            "algorithm.reward_clipping=soft_asymmetric",
+            "algorithm.device=cuda:1",
+        ],
+    )
+    assert cfg.algorithm.gamma == 1.0 and cfg.algorithm.vtrace_lambda == 0.0
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+# ---------------------------------------------------------------------------------------------
+# round trips
+# ---------------------------------------------------------------------------------------------
+
+
+def test_to_dict_config_from_dict_round_trip():
+    cfg = load_config(
+        "cartpole",
+        [
+            "env.kwargs.foo=1",
+            "algorithm.rollout_evaluator.n_episodes=3",
+            "algorithm.max_grad_norm=null",
+            "log.run_dir=/tmp/x",
+        ],
+    )
+    data = to_dict(cfg)
+    assert isinstance(data, dict) and isinstance(data["algorithm"], dict)
+    assert data["algorithm"]["rollout_evaluator"]["n_episodes"] == 3
+    assert data["env"]["kwargs"] == {"foo": 1}
+    back = config_from_dict(data)
+    assert back == cfg
+    assert to_dict(back) == data
+    assert "n_episodes: 3" in to_yaml(cfg)
+
+
+def test_config_from_dict_validates():
+    data = to_dict(load_config("cartpole"))
+    data["algorithm"]["gamma"] = 2.0
+    with pytest.raises(ConfigError, match="algorithm.gamma"):
+        config_from_dict(data)
+    data = to_dict(load_config("cartpole"))
+    data["algorithm"]["unknown"] = 1
+    with pytest.raises(ConfigError, match="algorithm.unknown"):
+        config_from_dict(data)
+
+
+def test_base_plus_overrides():
+    base = to_dict(load_config("cartpole"))
+    cfg = load_config(base=base, overrides=["algorithm.lr=0.01"])
+    assert cfg.algorithm.lr == pytest.approx(0.01)
+    assert cfg.target_return == 475
+
+
+# ---------------------------------------------------------------------------------------------
+# every field is documented
+# ---------------------------------------------------------------------------------------------
+
+
+def _dataclass_nodes(tree: ast.Module) -> list[ast.ClassDef]:
+    def is_dataclass_decorator(node: ast.expr) -> bool:
+        target = node.func if isinstance(node, ast.Call) else node
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        return name == "dataclass"
+
+    return [
+        node
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and any(map(is_dataclass_decorator, node.decorator_list))
+    ]
+
+
+def test_every_config_field_has_a_docstring():
+    tree = ast.parse(inspect.getsource(config_module))
+    classes = _dataclass_nodes(tree)
+    names = {c.name for c in classes}
+    # the AST walk sees every dataclass of the module, nested sections included
+    expected = {
+        cls.__name__
+        for cls in vars(config_module).values()
+        if inspect.isclass(cls)
+        and dataclasses.is_dataclass(cls)
+        and cls.__module__ == config_module.__name__
+    }
+    assert names == expected
+    assert {"RunConfig", "ImpalaAlgorithmConfig", "RolloutEvaluatorConfig"} <= names
+
+    undocumented = []
+    for cls in classes:
+        fields = 0
+        for i, stmt in enumerate(cls.body):
+            if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+                continue
+            fields += 1
+            nxt = cls.body[i + 1] if i + 1 < len(cls.body) else None
+            documented = (
+                isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+                and nxt.value.value.strip() != ""
+            )
+            if not documented:
+                undocumented.append(f"{cls.name}.{stmt.target.id}")
+        # the AST saw exactly the dataclass's fields
+        assert fields == len(dataclasses.fields(getattr(config_module, cls.name))), cls.name
+    assert undocumented == []
+
+
+def test_algorithm_defaults_are_valid():
+    cfg = RunConfig(algorithm=ImpalaAlgorithmConfig())
+    config_module.validate(cfg)
