@@ -147,12 +147,13 @@ class _UsageError(ValueError):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
     from rich.logging import RichHandler
 
     logging.basicConfig(
         level=logging.INFO,
         format="%(message)s",
-        handlers=[RichHandler(show_path=False, show_time=False)],
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False, show_time=False)],
     )
     parser = _parser()
     args, extra = parser.parse_known_args(argv)

@@ -133,7 +133,7 @@ class ImpalaEvents:
 
     @epoch_stats()
     def time_collecting_actors(self, time, percent):
-        """Seconds (and share) from asking the actors for a batch to having it."""
+        """Seconds (and share) waiting for the actors (or running them, when sequential)."""
 
     @epoch_stats()
     def time_dequeuing_actors(self, time, percent):

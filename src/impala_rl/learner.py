@@ -156,7 +156,8 @@ class Learner:
         lag = (self.num_updates - 1 - batch["policy_version"]).tolist()
         rhos = vt.rhos
         rho_bar = cfg.vtrace_clip_rho_threshold
-        clipped = float((rhos > rho_bar).float().mean()) if rho_bar is not None else 0.0
+        # a relative tolerance keeps float noise of on-policy ratios (1 + 1e-7) from counting
+        clipped = float((rhos > rho_bar * (1 + 1e-5)).float().mean()) if rho_bar else 0.0
         k = SINGLE_KEY
         return UpdateStats(
             total_loss=float(total.detach()),

@@ -288,7 +288,8 @@ class Trainer:
         ev.estimated_queue_sizes(collected.queue_size_before, collected.queue_size_after)
         total = max(total_time, 1e-12)
         t = stats.timings
-        ev.time_collecting_actors(collect_time, 100.0 * collect_time / total)
+        waiting = max(0.0, collect_time - collected.dequeue_time)  # the two phases don't overlap
+        ev.time_collecting_actors(waiting, 100.0 * waiting / total)
         ev.time_dequeuing_actors(collected.dequeue_time, 100.0 * collected.dequeue_time / total)
         ev.time_learner_rollout(t["learner_rollout"], 100.0 * t["learner_rollout"] / total)
         ev.time_loss_computation(t["loss_computation"], 100.0 * t["loss_computation"] / total)

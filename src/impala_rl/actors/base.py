@@ -92,7 +92,11 @@ class DistributedActors(abc.ABC):
 
     @abc.abstractmethod
     def collect_outputs(self, learner_device: torch.device | str) -> CollectedOutputs:
-        """Gather ``actors_batch_size`` finished rollouts into one batch on the device."""
+        """Gather ``actors_batch_size`` finished rollouts into one batch on the device.
+
+        The batch is only valid until the next call (a backend may reuse its buffers): clone
+        what must outlive the update.
+        """
 
     def record_unroll(self, result: UnrollResult) -> None:
         for ret, length in zip(result.episode_returns, result.episode_lengths, strict=True):

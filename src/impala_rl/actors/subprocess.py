@@ -349,8 +349,12 @@ class SubprocessDistributedActors(DistributedActors):
         self._spawn(actor)
         self._give_slot(actor)
 
-    def _assemble(self) -> None:
-        """Copy ``actors_batch_size`` ready slots into a batch while the learner is busy."""
+    def _assemble(self, in_learner: bool = False) -> None:
+        """Copy ``actors_batch_size`` ready slots into a batch while the learner is busy.
+
+        The batch's ``dequeue_time`` is the learner's own time spent on it: the copy when the
+        learner thread assembles it, nothing when it was prefetched.
+        """
         with self._lock:
             if self._batches or self._assembling or self._learner_device is None:
                 return
@@ -381,7 +385,12 @@ class SubprocessDistributedActors(DistributedActors):
             dropped, self._dropped = self._dropped, 0
             self._batches.append(
                 CollectedOutputs(
-                    batch, queue_before, len(self._ready), copy_time, env_steps, dropped
+                    batch,
+                    queue_before,
+                    len(self._ready),
+                    copy_time if in_learner else 0.0,
+                    env_steps,
+                    dropped,
                 )
             )
             self._lock.notify_all()
@@ -390,10 +399,21 @@ class SubprocessDistributedActors(DistributedActors):
         lag_bound = self.cfg.max_policy_lag
         if lag_bound is None:
             return
+
+        def stale(slot_index: int) -> bool:
+            version = int(self.slots[slot_index]["policy_version"][0])
+            return self.policy_version - version > lag_bound
+
+        # Blocked full slots enter the queue in _unblock below, so check them too: otherwise a
+        # stale blocked slot would be taken into the batch unchecked.
+        for actor in self.actors:
+            if actor.blocked_slot is not None and stale(actor.blocked_slot):
+                self._free.append(actor.blocked_slot)
+                actor.blocked_slot = None
+                self._dropped += 1
         keep = collections.deque()
         for slot_index in self._ready:
-            version = int(self.slots[slot_index]["policy_version"][0])
-            if self.policy_version - version > lag_bound:
+            if stale(slot_index):
                 self._free.append(slot_index)
                 self._dropped += 1
             else:
@@ -420,7 +440,6 @@ class SubprocessDistributedActors(DistributedActors):
 
     def collect_outputs(self, learner_device: torch.device | str) -> CollectedOutputs:
         device = torch.device(learner_device)
-        t0 = time.perf_counter()
         with self._lock:
             self._learner_device = device
             while not self._batches:
@@ -432,7 +451,8 @@ class SubprocessDistributedActors(DistributedActors):
                     break
                 self._lock.wait(timeout=POLL_S)
         if not self._batches:
-            self._assemble()  # data is ready: assemble here rather than wait for the thread
+            self._assemble(in_learner=True)  # data is ready: no need to wait for the thread
+        t_pop = time.perf_counter()
         with self._lock:
             while not self._batches:
                 if self._error is not None:
@@ -440,7 +460,7 @@ class SubprocessDistributedActors(DistributedActors):
                 self._lock.wait(timeout=POLL_S)
             out = self._batches.popleft()
             self._lock.notify_all()
-        out.dequeue_time = time.perf_counter() - t0
+        out.dequeue_time += time.perf_counter() - t_pop
         return out
 
     def queue_size(self) -> int:

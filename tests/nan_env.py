@@ -1,0 +1,39 @@
+"""Environments that misbehave on purpose, for the trainer and CLI tests.
+
+Importable as ``nan_env:make_nan_env`` / ``nan_env:make_raising_env`` for
+:class:`impala_rl.envs.EnvFactory` (pytest puts ``tests/`` on ``sys.path``; subprocesses get it
+through ``PYTHONPATH``).
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+
+class NaNAfter(gym.Wrapper):
+    """CartPole whose observations become NaN from this env instance's ``nan_after``-th step on.
+
+    Steps are counted per instance across episodes (resets do not count), so a fresh instance
+    (the probe env, the evaluator's envs) behaves like plain CartPole for ``nan_after`` steps.
+    """
+
+    def __init__(self, env: gym.Env, nan_after: int):
+        super().__init__(env)
+        self.nan_after = nan_after
+        self.steps = 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        if self.steps >= self.nan_after:
+            obs = np.full_like(obs, np.nan)
+        return obs, reward, terminated, truncated, info
+
+
+def make_nan_env(nan_after: int = 100) -> gym.Env:
+    return NaNAfter(gym.make("CartPole-v1"), nan_after)
+
+
+def make_raising_env(**kwargs) -> gym.Env:
+    raise RuntimeError("this factory always fails")

@@ -1,0 +1,224 @@
+"""Tests for the ``impala`` command, run as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import impala_rl
+from impala_rl import checkpoint
+
+TESTS_DIR = Path(__file__).resolve().parent
+QUIET = ["log.console=false", "log.tensorboard=false"]
+TINY = ["algorithm.n_epochs=1", "algorithm.epoch_length=2"]
+
+
+def _env() -> dict[str, str]:
+    """The subprocess environment: ``tests/`` importable (for ``nan_env:...`` env ids)."""
+    paths = [str(TESTS_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def _cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "impala_rl.cli", *args]
+
+
+def _impala(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        _cmd(*args), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _tiny_run(run_dir: Path) -> dict:
+    """A finished one-epoch run, trained in-process (faster than a subprocess)."""
+    return impala_rl.train("cartpole", [*QUIET, *TINY], run_dir=run_dir)
+
+
+# -- train ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("placement", ["before", "after"])
+def test_train_prints_the_summary_json(tmp_path, placement):
+    run_dir = tmp_path / "run"
+    overrides = [*TINY, "log.console=false"]
+    if placement == "before":
+        args = ["train", "cartpole", *overrides, "--run-dir", str(run_dir)]
+    else:
+        args = ["train", "cartpole", "--run-dir", str(run_dir), *overrides]
+    script = Path(sys.executable).parent / "impala"
+    # The installed console script and ``python -m impala_rl.cli`` are the same command.
+    cmd = [str(script), *args] if script.is_file() else _cmd(*args)
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary == json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_because"] == "n_epochs"
+    assert summary["epochs"] == 1
+    assert summary["updates"] == 2
+    assert summary["run_dir"] == str(run_dir)
+    assert (run_dir / "checkpoints" / "last.pt").is_file()
+    assert not (tmp_path / "runs").exists()  # --run-dir was honoured
+
+
+def test_train_resume_continues_a_finished_run(tmp_path):
+    first = _tiny_run(tmp_path)
+    assert (first["epochs"], first["updates"]) == (1, 2)
+    proc = _impala("train", "--resume", str(tmp_path), "algorithm.n_epochs=3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["stopped_because"] == "n_epochs"
+    assert summary["epochs"] == 3
+    assert summary["updates"] == 3 * 2
+    assert summary["env_steps"] == 3 * first["env_steps"]
+    assert summary["run_dir"] == str(tmp_path)
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["epoch"] for row in rows] == [1, 2, 3]
+
+
+# -- user errors ---------------------------------------------------------------------------------
+
+ERROR_CASES = {
+    "unknown preset": (["train", "nosuchpreset"], "unknown preset 'nosuchpreset'"),
+    "unknown key": (["train", "cartpole", "algorithm.nosuchkey=1"], "algorithm.nosuchkey"),
+    "bad value": (["train", "cartpole", "algorithm.lr=fast"], "algorithm.lr"),
+    "out of range": (["train", "cartpole", "algorithm.epoch_length=0"], "algorithm.epoch_length"),
+    "unknown env id": (["train", "cartpole", "env.id=NoSuchEnv-v0"], "NoSuchEnv"),
+    "factory raises": (
+        ["train", "cartpole", "env.id=nan_env:make_raising_env"],
+        "this factory always fails",
+    ),
+    "eval missing run dir": (["eval", "{missing}"], "best.pt"),
+    "resume not a run dir": (["train", "--resume", "{not_a_run}"], "not a run directory"),
+    "resume with a preset": (["train", "--resume", "{not_a_run}", "cartpole"], "--resume"),
+}
+
+
+@pytest.fixture(scope="module")
+def error_runs(tmp_path_factory):
+    """Every error case, run concurrently (each is mostly interpreter start-up)."""
+    base = tmp_path_factory.mktemp("errors")
+    (base / "not_a_run").mkdir()
+    paths = {"missing": str(base / "missing"), "not_a_run": str(base / "not_a_run")}
+    procs = {}
+    for name, (args, _) in ERROR_CASES.items():
+        args = [a.format(**paths) for a in args]
+        if args[0] == "train" and "--resume" not in args:
+            args += ["--run-dir", str(base / name.replace(" ", "_")), *QUIET]
+        procs[name] = subprocess.Popen(
+            _cmd(*args),
+            cwd=base,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    results = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=120)
+            results[name] = (proc.returncode, out, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_user_errors_are_one_line_and_exit_2(error_runs, case):
+    returncode, out, err = error_runs[case]
+    lines = err.strip().splitlines()
+    assert returncode == 2, (out, err)
+    assert "Traceback" not in err + out
+    assert len(lines) == 1, err
+    assert lines[0].startswith("impala: error: ")
+    assert ERROR_CASES[case][1] in lines[0]
+
+
+# -- eval ----------------------------------------------------------------------------------------
+
+
+def test_eval_prints_mean_return(tmp_path):
+    _tiny_run(tmp_path / "run")
+    proc = _impala("eval", str(tmp_path / "run"), "--episodes", "3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["episodes"] == 3
+    assert isinstance(result["mean_return"], float)
+    assert 1.0 <= result["min_return"] <= result["mean_return"] <= result["max_return"] <= 500.0
+
+
+# -- Ctrl-C and SIGTERM --------------------------------------------------------------------------
+
+
+def _process_group(pgid: int) -> list[int]:
+    """Live pids (zombies excluded) whose process group is ``pgid``, from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        state, _ppid, pgrp = text.rsplit(")", 1)[1].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, signum):
+    run_dir = tmp_path / "run"
+    last = run_dir / "checkpoints" / "last.pt"
+    proc = subprocess.Popen(
+        _cmd(
+            "train",
+            "cartpole",
+            "--run-dir",
+            str(run_dir),
+            "target_return=null",
+            "max_env_steps=1000000000",
+            "algorithm.epoch_length=2",
+            *QUIET,
+        ),
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: lets us find anything it started
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not last.is_file():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no checkpoint within 60 s"
+            time.sleep(0.1)
+        assert proc.pid in _process_group(proc.pid)
+        os.kill(proc.pid, signum)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    summary = json.loads(out)
+    assert summary["stopped_because"] == "interrupted"
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    data = checkpoint.load(last)
+    assert data["counters"]["updates"] == summary["updates"]
+    assert data["counters"]["env_steps"] == summary["env_steps"]
+    assert summary["updates"] >= 2  # at least the epoch that wrote the first checkpoint
+    # Nothing it started outlives it.
+    assert _process_group(proc.pid) == []
