@@ -46,6 +46,7 @@ SHORT = [
     f"algorithm.epoch_length={EPOCH_LENGTH}",
     "algorithm.rollout_evaluator.n_episodes=3",
     "log.console=false",
+    "runner.backend=sequential",
 ]
 # A decaying learning rate, so "the schedule's value" is not a constant.
 LINEAR_LR = [

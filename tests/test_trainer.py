@@ -18,7 +18,7 @@ from impala_rl.config import load_config, to_dict
 from impala_rl.learner import Learner, NonFiniteError, scheduled_lr
 from impala_rl.trainer import Trainer
 
-FAST = ["log.console=false", "log.tensorboard=false"]
+FAST = ["log.console=false", "log.tensorboard=false", "runner.backend=sequential"]
 # The cartpole preset: 2 actors x 8 envs x 32 steps, both actors per batch.
 STEPS_PER_UPDATE = 2 * 8 * 32
 
