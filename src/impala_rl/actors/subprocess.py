@@ -288,6 +288,8 @@ class SubprocessDistributedActors(DistributedActors):
                 for ready in wait(waitables, timeout=POLL_S):
                     actor = owner[ready]
                     with self._lock:
+                        if actor.conn is None:  # already handled (died, not restarted)
+                            continue
                         if ready is actor.conn:
                             self._on_message(actor)
                         elif ready is actor.process.sentinel and not actor.conn.poll():

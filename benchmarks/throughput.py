@@ -1,0 +1,184 @@
+"""Env-step throughput: raw CartPole stepping vs training with each actor backend.
+
+Prints
+
+1. the raw ceiling: env steps/s of random actions in a gymnasium ``SyncVectorEnv`` of 8 and
+   16 CartPole-v1 envs in this one process (one core), median of ``--raw-runs`` runs;
+2. training env steps/s (``summary.env_steps / summary.wall_time_s``, actor start-up and the
+   per-epoch evaluation included) of the ``cartpole`` preset with a fixed env-step budget, for
+   the sequential backend and the subprocess backend with 1, 2 and 4 actors: median, min and
+   max over ``--runs`` runs, and the ratio to the raw ceiling;
+3. the share of the learner's update time (``time_update``) spent recording events in
+   ``Trainer._record_update``.
+
+Timings depend on whatever else runs on the machine; compare figures from one invocation.
+
+    python benchmarks/throughput.py            # default: 3 runs of 60000 env steps each
+    python benchmarks/throughput.py --quick    # 1 run of 20480 env steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+
+import impala_rl
+from impala_rl.trainer import Trainer
+
+BACKENDS: list[tuple[str, list[str]]] = [
+    ("sequential (2 actors)", ["runner.backend=sequential"]),
+    ("subprocess, 1 actor", ["runner.backend=subprocess", "algorithm.num_actors=1"]),
+    ("subprocess, 2 actors", ["runner.backend=subprocess", "algorithm.num_actors=2"]),
+    ("subprocess, 4 actors", ["runner.backend=subprocess", "algorithm.num_actors=4"]),
+]
+
+
+# -- raw env stepping ---------------------------------------------------------------------------
+def raw_steps_per_second(num_envs: int, steps: int, seed: int = 0) -> float:
+    """Random actions in a same-step-autoreset SyncVectorEnv (as the actors use it)."""
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1") for _ in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    rng = np.random.default_rng(seed)
+    iterations = max(1, steps // num_envs)
+    actions = rng.integers(0, 2, size=(iterations, num_envs))
+    envs.reset(seed=seed)
+    t0 = time.perf_counter()
+    for a in actions:
+        envs.step(a)
+    elapsed = time.perf_counter() - t0
+    envs.close()
+    return iterations * num_envs / elapsed
+
+
+# -- training --------------------------------------------------------------------------------------
+@dataclass
+class RecordTimer:
+    """Wraps ``Trainer._record_update``: time inside it vs the update times it is given."""
+
+    record_s: float = 0.0
+    update_s: float = 0.0
+    calls: int = 0
+    original: object = field(default=None, repr=False)
+
+    def install(self) -> None:
+        self.original = Trainer._record_update
+        original = self.original
+        timer = self
+
+        def timed(trainer, stats, collected, collect_time, total_time):
+            t0 = time.perf_counter()
+            original(trainer, stats, collected, collect_time, total_time)
+            timer.record_s += time.perf_counter() - t0
+            timer.update_s += total_time
+            timer.calls += 1
+
+        Trainer._record_update = timed  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        Trainer._record_update = self.original  # type: ignore[method-assign]
+
+
+def training_steps_per_second(overrides: list[str], steps: int) -> tuple[float, dict]:
+    with tempfile.TemporaryDirectory(prefix="impala-bench-") as run_dir:
+        summary = impala_rl.train(
+            "cartpole",
+            [
+                *overrides,
+                f"max_env_steps={steps}",
+                "target_return=null",
+                "log.console=false",
+                "log.tensorboard=false",
+                "algorithm.rollout_evaluator.n_episodes=1",
+                "algorithm.patience=0",
+            ],
+            run_dir=run_dir,
+        )
+    return summary["env_steps"] / summary["wall_time_s"], summary
+
+
+def fmt(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=None, help="training runs per backend (3)")
+    parser.add_argument("--steps", type=int, default=None, help="env steps per run (60000)")
+    parser.add_argument("--raw-runs", type=int, default=None, help="raw stepping runs (5)")
+    parser.add_argument("--raw-steps", type=int, default=None, help="steps per raw run (100000)")
+    parser.add_argument("--quick", action="store_true", help="fewer runs and steps")
+    args = parser.parse_args(argv)
+    runs = args.runs or (1 if args.quick else 3)
+    steps = args.steps or (20480 if args.quick else 60000)
+    raw_runs = args.raw_runs or (2 if args.quick else 5)
+    raw_steps = args.raw_steps or (30000 if args.quick else 100000)
+    started = time.perf_counter()
+
+    print(f"raw CartPole-v1 stepping, random actions, one process ({raw_runs} runs each)")
+    raw: dict[int, float] = {}
+    for num_envs in (8, 16):
+        values = [raw_steps_per_second(num_envs, raw_steps, seed=i) for i in range(raw_runs)]
+        raw[num_envs] = statistics.median(values)
+        print(
+            f"  SyncVectorEnv x{num_envs:<3} median {fmt(raw[num_envs])} steps/s "
+            f"(min {fmt(min(values))}, max {fmt(max(values))})"
+        )
+    ceiling = max(raw.values())
+
+    print(f"\ntraining the cartpole preset: {steps} env steps per run, {runs} run(s) each")
+    timer = RecordTimer()
+    timer.install()
+    results: list[tuple[str, list[float], float]] = []
+    try:
+        for name, overrides in BACKENDS:
+            record_before, update_before = timer.record_s, timer.update_s
+            values = []
+            for i in range(runs):
+                sps, summary = training_steps_per_second(overrides, steps)
+                values.append(sps)
+                print(
+                    f"  {name:<22} run {i + 1}: {fmt(sps)} steps/s "
+                    f"({summary['env_steps']} steps in {summary['wall_time_s']:.1f} s)"
+                )
+            share = 100.0 * (timer.record_s - record_before) / (timer.update_s - update_before)
+            results.append((name, values, share))
+    finally:
+        timer.uninstall()
+
+    total_share = 100.0 * timer.record_s / max(timer.update_s, 1e-12)
+    print()
+    header = (
+        f"{'configuration':<26}{'steps/s median':>15}{'min':>10}{'max':>10}"
+        f"{'x ceiling':>11}{'events %':>10}"
+    )
+    print(header)
+    print("-" * len(header))
+    for num_envs, value in raw.items():
+        print(f"{f'raw SyncVectorEnv x{num_envs}':<26}{fmt(value):>15}{'':>10}{'':>10}", end="")
+        print(f"{value / ceiling:>11.2f}{'':>10}")
+    for name, values, share in results:
+        med = statistics.median(values)
+        print(
+            f"{name:<26}{fmt(med):>15}{fmt(min(values)):>10}{fmt(max(values)):>10}"
+            f"{med / ceiling:>11.2f}{share:>9.2f}%"
+        )
+    print("-" * len(header))
+    print(f"ceiling = best raw median ({fmt(ceiling)} steps/s on one core)")
+    print(
+        f"event recording overhead: {total_share:.2f}% of update time "
+        f"({timer.record_s * 1e3 / max(timer.calls, 1):.3f} ms per update over "
+        f"{timer.calls} updates)"
+    )
+    print(f"benchmark took {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
