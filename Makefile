@@ -30,8 +30,8 @@ test-all: $(STAMP)
 	$(BIN)/python -m pytest -q $(ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 
 format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks

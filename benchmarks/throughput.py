@@ -2,12 +2,14 @@
 
 Prints
 
-1. the raw ceiling: env steps/s of random actions in a gymnasium ``SyncVectorEnv`` of 8 and
-   16 CartPole-v1 envs in this one process (one core), median of ``--raw-runs`` runs;
+1. the raw ceiling: env steps/s of random actions in a vector env of 8, 16 and 32 CartPole-v1
+   envs in this one process (one core), Gymnasium's ``SyncVectorEnv`` and the project's
+   ``SameStepVectorEnv``, median of ``--raw-runs`` runs; the ceiling is the best of them;
 2. training env steps/s (``summary.env_steps / summary.wall_time_s``, actor start-up and the
-   per-epoch evaluation included) of the ``cartpole`` preset with a fixed env-step budget, for
-   the sequential backend and the subprocess backend with 1, 2 and 4 actors: median, min and
-   max over ``--runs`` runs, and the ratio to the raw ceiling;
+   per-epoch evaluation included) with the ``cartpole`` preset's MLP and a fixed env-step
+   budget: the preset as is, then the sequential and subprocess backends with 1, 2 and 4 actors
+   of 32 envs each (unroll 32): median, min and max over ``--runs`` runs, and the ratio to the
+   raw ceiling;
 3. the share of the learner's update time (``time_update``) spent recording events in
    ``Trainer._record_update``.
 
@@ -29,23 +31,47 @@ import gymnasium as gym
 import numpy as np
 
 import impala_rl
+from impala_rl.envs import EnvFactory, make_vector_env
 from impala_rl.trainer import Trainer
 
+# Throughput setting: the preset's MLP with larger per-actor vector envs and unrolls, so the
+# per-step cost of acting is shared by 32 envs (the preset itself trades throughput for more
+# updates per env step, which solves CartPole sooner; it is measured too).
+THROUGHPUT = [
+    "algorithm.envs_per_actor=32",
+    "algorithm.n_rollout_steps=32",
+    "algorithm.actors_batch_size=1",
+]
 BACKENDS: list[tuple[str, list[str]]] = [
-    ("sequential (2 actors)", ["runner.backend=sequential"]),
-    ("subprocess, 1 actor", ["runner.backend=subprocess", "algorithm.num_actors=1"]),
-    ("subprocess, 2 actors", ["runner.backend=subprocess", "algorithm.num_actors=2"]),
-    ("subprocess, 4 actors", ["runner.backend=subprocess", "algorithm.num_actors=4"]),
+    ("cartpole preset as is", []),
+    *(
+        (
+            f"sequential, {n} actor{'s' * (n > 1)}",
+            ["runner.backend=sequential", f"algorithm.num_actors={n}", *THROUGHPUT],
+        )
+        for n in (1, 2, 4)
+    ),
+    *(
+        (
+            f"subprocess, {n} actor{'s' * (n > 1)}",
+            ["runner.backend=subprocess", f"algorithm.num_actors={n}", *THROUGHPUT],
+        )
+        for n in (1, 2, 4)
+    ),
 ]
 
 
 # -- raw env stepping ---------------------------------------------------------------------------
-def raw_steps_per_second(num_envs: int, steps: int, seed: int = 0) -> float:
-    """Random actions in a same-step-autoreset SyncVectorEnv (as the actors use it)."""
-    envs = gym.vector.SyncVectorEnv(
-        [lambda: gym.make("CartPole-v1") for _ in range(num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
+def raw_steps_per_second(num_envs: int, steps: int, seed: int = 0, lean: bool = False) -> float:
+    """Random actions in a same-step-autoreset vector env: Gymnasium's ``SyncVectorEnv``, or
+    (``lean``) the project's ``SameStepVectorEnv`` that the actors use."""
+    if lean:
+        envs = make_vector_env(EnvFactory("CartPole-v1"), num_envs)
+    else:
+        envs = gym.vector.SyncVectorEnv(
+            [lambda: gym.make("CartPole-v1") for _ in range(num_envs)],
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
     rng = np.random.default_rng(seed)
     iterations = max(1, steps // num_envs)
     actions = rng.integers(0, 2, size=(iterations, num_envs))
@@ -123,17 +149,22 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
 
     print(f"raw CartPole-v1 stepping, random actions, one process ({raw_runs} runs each)")
-    raw: dict[int, float] = {}
-    for num_envs in (8, 16):
-        values = [raw_steps_per_second(num_envs, raw_steps, seed=i) for i in range(raw_runs)]
-        raw[num_envs] = statistics.median(values)
-        print(
-            f"  SyncVectorEnv x{num_envs:<3} median {fmt(raw[num_envs])} steps/s "
-            f"(min {fmt(min(values))}, max {fmt(max(values))})"
-        )
+    raw: dict[str, float] = {}
+    for lean in (False, True):
+        for num_envs in (8, 16, 32):
+            values = [
+                raw_steps_per_second(num_envs, raw_steps, seed=i, lean=lean)
+                for i in range(raw_runs)
+            ]
+            name = f"{'SameStepVectorEnv' if lean else 'SyncVectorEnv'} x{num_envs}"
+            raw[name] = statistics.median(values)
+            print(
+                f"  {name:<22} median {fmt(raw[name])} steps/s "
+                f"(min {fmt(min(values))}, max {fmt(max(values))})"
+            )
     ceiling = max(raw.values())
 
-    print(f"\ntraining the cartpole preset: {steps} env steps per run, {runs} run(s) each")
+    print(f"\ntraining (cartpole preset's MLP): {steps} env steps per run, {runs} run(s) each")
     timer = RecordTimer()
     timer.install()
     results: list[tuple[str, list[float], float]] = []
@@ -156,18 +187,18 @@ def main(argv: list[str] | None = None) -> None:
     total_share = 100.0 * timer.record_s / max(timer.update_s, 1e-12)
     print()
     header = (
-        f"{'configuration':<26}{'steps/s median':>15}{'min':>10}{'max':>10}"
+        f"{'configuration':<30}{'steps/s median':>15}{'min':>10}{'max':>10}"
         f"{'x ceiling':>11}{'events %':>10}"
     )
     print(header)
     print("-" * len(header))
-    for num_envs, value in raw.items():
-        print(f"{f'raw SyncVectorEnv x{num_envs}':<26}{fmt(value):>15}{'':>10}{'':>10}", end="")
+    for name, value in raw.items():
+        print(f"{'raw ' + name:<30}{fmt(value):>15}{'':>10}{'':>10}", end="")
         print(f"{value / ceiling:>11.2f}{'':>10}")
     for name, values, share in results:
         med = statistics.median(values)
         print(
-            f"{name:<26}{fmt(med):>15}{fmt(min(values)):>10}{fmt(max(values)):>10}"
+            f"{name:<30}{fmt(med):>15}{fmt(min(values)):>10}{fmt(max(values)):>10}"
             f"{med / ceiling:>11.2f}{share:>9.2f}%"
         )
     print("-" * len(header))

@@ -31,8 +31,8 @@ def test_cartpole_preset_loads_by_name():
     assert isinstance(cfg, RunConfig)
     assert cfg.env.id == "CartPole-v1"
     assert cfg.target_return == 475
-    assert cfg.algorithm.lr == pytest.approx(1e-3)  # the preset's value, not the default 5e-4
-    assert cfg.algorithm.epoch_length == 20
+    assert cfg.algorithm.lr == pytest.approx(2e-3)  # the preset's value, not the default 5e-4
+    assert cfg.algorithm.epoch_length == 10
     assert cfg.algorithm.rollout_evaluator.n_episodes == 10  # untouched default
 
 
@@ -107,7 +107,7 @@ def test_overrides_apply():
     assert cfg.model.hidden_sizes == [32, 16]
     assert cfg.target_return is None
     # untouched values keep the preset's
-    assert cfg.algorithm.epoch_length == 20
+    assert cfg.algorithm.epoch_length == 10
 
 
 def test_later_overrides_win_and_overrides_beat_the_preset():

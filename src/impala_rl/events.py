@@ -216,6 +216,10 @@ class RunEvents:
         """Learner updates since the start of the run."""
 
     @epoch_stats("last")
+    def train_return_recent(self, value):
+        """Mean return of the last 100 training episodes, at the end of the epoch."""
+
+    @epoch_stats("last")
     def steps_per_second(self, value):
         """Env steps per second over the epoch."""
 

@@ -145,7 +145,7 @@ class ActorLoop:
         self.generator = torch.Generator().manual_seed(seed)
         obs, _ = self.envs.reset(seed=seed)
         self.obs = torch.as_tensor(obs)
-        self.first = torch.ones(num_envs, dtype=torch.bool)
+        self.first = np.ones(num_envs, dtype=bool)
         self.ep_return = np.zeros(num_envs, dtype=np.float64)
         self.ep_length = np.zeros(num_envs, dtype=np.int64)
 
@@ -154,47 +154,60 @@ class ActorLoop:
         self.model.load_state_dict(state_dict)
         self.policy_version = version
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def unroll(self, slot: dict[str, torch.Tensor]) -> UnrollResult:
-        """Run ``T`` steps of every env, writing them into ``slot`` (see module docstring)."""
+        """Run ``T`` steps of every env, writing them into ``slot`` (see module docstring).
+
+        Per-step scalars are staged in numpy and copied into the slot once per unroll: on
+        cheap envs the per-step tensor bookkeeping would otherwise cost as much as the env.
+        """
+        T, N = self.T, self.num_envs
         head = self.model.action_head
+        rewards = np.zeros((T, N), dtype=np.float32)
+        terminated = np.zeros((T, N), dtype=bool)
+        truncated = np.zeros((T, N), dtype=bool)
+        trunc_values = np.zeros((T, N), dtype=np.float32)
+        first = np.zeros((T + 1, N), dtype=bool)
         returns: list[float] = []
         lengths: list[int] = []
-        for t in range(self.T):
-            slot["obs"][t] = self.obs
-            slot["first"][t] = self.first
-            out = self.model(self.obs)
-            action = out.dist.sample(self.generator)
-            slot["action"][t] = action
-            slot["behaviour_log_prob"][t] = out.dist.log_prob(action)
-            obs, reward, terminated, truncated, info = self.envs.step(head.to_env(action))
-            slot["reward"][t] = torch.from_numpy(np.asarray(reward, dtype=np.float32))
-            term = torch.from_numpy(np.asarray(terminated, dtype=bool))
-            trunc = torch.from_numpy(np.asarray(truncated, dtype=bool)) & ~term
-            slot["terminated"][t] = term
-            slot["truncated"][t] = trunc
-            trunc_value = slot["truncation_value"][t]
-            trunc_value.zero_()
+        obs_slot, action_slot, logp_slot = slot["obs"], slot["action"], slot["behaviour_log_prob"]
+        for t in range(T):
+            obs_slot[t] = self.obs
+            first[t] = self.first
+            dist = self.model.policy(self.obs)
+            action = dist.sample(self.generator)
+            action_slot[t] = action
+            logp_slot[t] = dist.log_prob(action)
+            obs, reward, term, trunc, info = self.envs.step(head.to_env(action))
+            trunc = np.logical_and(trunc, np.logical_not(term))
+            rewards[t] = reward
+            terminated[t] = term
+            truncated[t] = trunc
             if trunc.any():
-                idx = trunc.nonzero().flatten()
-                final = np.stack([info["final_obs"][i] for i in idx.tolist()])
-                trunc_value[idx] = self.model.value(torch.as_tensor(final)).float()
+                idx = np.flatnonzero(trunc)
+                final = torch.as_tensor(np.stack([info["final_obs"][i] for i in idx]))
+                trunc_values[t, idx] = self.model.value(final).float().numpy()
             self.ep_return += reward
             self.ep_length += 1
-            done = np.logical_or(terminated, truncated)
+            done = np.logical_or(term, trunc)
             if done.any():
                 for i in np.flatnonzero(done):
                     returns.append(float(self.ep_return[i]))
                     lengths.append(int(self.ep_length[i]))
                 self.ep_return[done] = 0.0
                 self.ep_length[done] = 0
-            self.first = torch.from_numpy(done.copy())
+            self.first = done
             self.obs = torch.as_tensor(obs)
-        slot["obs"][self.T] = self.obs
-        slot["first"][self.T] = self.first
+        obs_slot[T] = self.obs
+        first[T] = self.first
+        slot["first"].copy_(torch.from_numpy(first))
+        slot["reward"].copy_(torch.from_numpy(rewards))
+        slot["terminated"].copy_(torch.from_numpy(terminated))
+        slot["truncated"].copy_(torch.from_numpy(truncated))
+        slot["truncation_value"].copy_(torch.from_numpy(trunc_values))
         slot["policy_version"].fill_(self.policy_version)
         slot["actor_index"].fill_(self.actor_index)
-        return UnrollResult(returns, lengths, self.T * self.num_envs)
+        return UnrollResult(returns, lengths, T * N)
 
     def close(self) -> None:
         self.envs.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import signal
 import time
@@ -73,6 +74,16 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def learner_threads(cfg: RunConfig) -> int:
+    """Intra-op threads for the learner: as configured, else the cores actors leave free."""
+    if cfg.runner.learner_threads is not None:
+        return cfg.runner.learner_threads
+    cores = os.cpu_count() or 1
+    if cfg.runner.backend == "subprocess":
+        return max(1, cores - cfg.algorithm.num_actors)
+    return cores
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -121,6 +132,7 @@ class Trainer:
     def _build(self) -> None:
         cfg = self.cfg
         seed_everything(cfg.seed)
+        torch.set_num_threads(learner_threads(cfg))
         self.env_factory: EnvFactory = make_env_factory(cfg.env)
         probe = self.env_factory()
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
@@ -190,7 +202,8 @@ class Trainer:
         error: BaseException | None = None
         actors = make_actors(cfg, self.env_factory, self.learner.model)
         actors.policy_version = self.learner.num_updates
-        recent_returns: deque[float] = deque(maxlen=100)
+        self.recent_returns: deque[float] = deque(maxlen=100)
+        recent_returns = self.recent_returns
         start_wall = time.perf_counter() - c.wall_time_s
         self.learner.set_learning_rate(scheduled_lr(alg, c.env_steps, cfg.max_env_steps))
         try:
@@ -346,6 +359,8 @@ class Trainer:
         self.run_events.total_env_steps(c.env_steps)
         self.run_events.total_episodes(c.episodes)
         self.run_events.total_updates(c.updates)
+        if self.recent_returns:
+            self.run_events.train_return_recent(float(np.mean(self.recent_returns)))
         self.run_events.steps_per_second(epoch_steps / max(elapsed, 1e-9))
         self.run_events.time_epoch(elapsed)
         stats = {**actor_stats, **self.aggregator.reduce()}
@@ -398,9 +413,12 @@ class Policy:
         self.model = model.eval()
         self.env_factory = env_factory
         self.config = cfg
+        from impala_rl.envs.factory import ModelObservation
+
         env = env_factory()
-        self._raw_space = env.env.observation_space
-        self._to_model = env.observation
+        wrapped = isinstance(env, ModelObservation)
+        self._raw_space = env.env.observation_space if wrapped else env.observation_space
+        self._to_model = env.observation if wrapped else (lambda obs: obs)
         env.close()
 
     @torch.no_grad()

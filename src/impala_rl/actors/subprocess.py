@@ -137,6 +137,7 @@ class _Actor:
         self.slot: int | None = None  # slot it is filling
         self.blocked_slot: int | None = None  # full slot waiting for room in the queue
         self.starts = 0
+        self.delivered = 0  # rollouts delivered since the last (re)start
 
 
 class SubprocessDistributedActors(DistributedActors):
@@ -231,6 +232,7 @@ class SubprocessDistributedActors(DistributedActors):
         process.start()
         child_conn.close()
         actor.process, actor.conn = process, parent_conn
+        actor.delivered = 0
         actor.starts += 1
 
     def _give_slot(self, actor: _Actor) -> None:
@@ -313,6 +315,7 @@ class SubprocessDistributedActors(DistributedActors):
             return
         _, slot, result = msg
         result: UnrollResult
+        actor.delivered += 1
         self.record_unroll(result)
         actor.slot = None
         if len(self._ready) < self.max_waiting:
@@ -325,6 +328,7 @@ class SubprocessDistributedActors(DistributedActors):
     def _on_death(self, actor: _Actor) -> None:
         if self._stopping:
             return
+        actor.process.join(timeout=1.0)
         exitcode = actor.process.exitcode
         failed = self._error is not None
         if actor.slot is not None:  # reclaim the slot it was filling
@@ -334,7 +338,6 @@ class SubprocessDistributedActors(DistributedActors):
             self._free.append(actor.blocked_slot)
             actor.blocked_slot = None
         actor.conn.close()
-        actor.process.join(timeout=1.0)
         actor.process.close()
         actor.process = actor.conn = None
         if failed:
@@ -343,6 +346,13 @@ class SubprocessDistributedActors(DistributedActors):
             self._error = ActorError(
                 f"actor {actor.index} died (exit code {exitcode}) and the restart limit "
                 f"runner.max_actor_restarts={self.max_restarts} is reached"
+                + (
+                    ""
+                    if actor.delivered
+                    else "; it died before its first rollout. If you start training from a "
+                    "script, guard it with `if __name__ == '__main__':` (actor processes "
+                    "import your main module)"
+                )
             )
             self._lock.notify_all()
             return

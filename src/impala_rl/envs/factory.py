@@ -84,6 +84,7 @@ class EnvFactory:
         self.env_id = env_id
         self.kwargs = dict(kwargs or {})
         self.max_episode_steps = max_episode_steps
+        self.check_env = False  # Gymnasium's env checker: only on the probe, off the hot path
 
     def __call__(self) -> gym.Env:
         if ":" in self.env_id:
@@ -101,13 +102,16 @@ class EnvFactory:
                 )
         else:
             try:
-                env = gym.make(self.env_id, **self.kwargs)
+                kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}
+                env = gym.make(self.env_id, **kwargs)
             except gym.error.Error as exc:
                 raise EnvError(f"env.id {self.env_id!r}: {exc}") from None
             except TypeError as exc:
                 raise EnvError(f"env.kwargs for {self.env_id!r}: {exc}") from None
         if self.max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env, self.max_episode_steps)
+        if model_observation_space(env.observation_space) is env.observation_space:
+            return env
         return ModelObservation(env)
 
     def __repr__(self) -> str:
@@ -117,47 +121,22 @@ class EnvFactory:
 def make_env_factory(env_cfg: Any) -> EnvFactory:
     """Factory for the ``env`` config section; builds one env once to fail early."""
     factory = EnvFactory(env_cfg.id, env_cfg.kwargs, env_cfg.max_episode_steps)
-    probe = factory()
-    probe.close()
+    factory.check_env = True
+    try:
+        probe = factory()
+        probe.close()
+    finally:
+        factory.check_env = False
     return factory
 
 
-class _IndexedEnv(gym.Wrapper):
-    """Names the env (its index in the vector env) in any error it raises."""
-
-    def __init__(self, env: gym.Env, index: int):
-        super().__init__(env)
-        self.index = index
-
-    def step(self, action: Any) -> Any:
-        try:
-            return self.env.step(action)
-        except Exception as exc:
-            raise EnvError(f"env {self.index} raised {type(exc).__name__} in step: {exc}") from exc
-
-    def reset(self, **kwargs: Any) -> Any:
-        try:
-            return self.env.reset(**kwargs)
-        except Exception as exc:
-            raise EnvError(f"env {self.index} raised {type(exc).__name__} in reset: {exc}") from exc
-
-
-class _IndexedFactory:
-    def __init__(self, factory: Callable[[], gym.Env], index: int):
-        self.factory, self.index = factory, index
-
-    def __call__(self) -> gym.Env:
-        return _IndexedEnv(self.factory(), self.index)
-
-
-def make_vector_env(factory: Callable[[], gym.Env], num_envs: int) -> gym.vector.VectorEnv:
+def make_vector_env(factory: Callable[[], gym.Env], num_envs: int) -> Any:
     """A synchronous vector env with same-step autoreset.
 
     On the step that ends an episode the env returns the next episode's first observation and
     puts the final one in ``info["final_obs"]``, which truncation needs for its bootstrap.
     Errors raised by an env name its index.
     """
-    return gym.vector.SyncVectorEnv(
-        [_IndexedFactory(factory, i) for i in range(num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
+    from impala_rl.envs.vector import SameStepVectorEnv
+
+    return SameStepVectorEnv([factory] * num_envs)

@@ -92,6 +92,10 @@ class ActorCritic(nn.Module):
         dist = self.action_head(policy_features)
         return PolicyOutput(dist=dist, value=self._value_from(x, policy_features))
 
+    def policy(self, obs: Tensor) -> ActionDistribution:
+        """The action distribution alone (acting needs no value): ``obs [*batch, *obs_shape]``."""
+        return self.action_head(self.policy_torso(self._flatten(obs)))
+
     def value(self, obs: Tensor) -> Tensor:
         """State values ``[*batch]`` for ``obs [*batch, *obs_shape]``."""
         return self._value_from(self._flatten(obs), None)

@@ -1,0 +1,80 @@
+"""A lean synchronous vector env with same-step autoreset, for the actor loop's hot path.
+
+Gymnasium's ``SyncVectorEnv`` does the same with more bookkeeping per step; on cheap envs
+(CartPole steps in ~15 us) that bookkeeping is a large share of an actor's time. This one
+steps each env, resets it in the same step when its episode ends (keeping the final
+observation in ``info["final_obs"]``, as Gymnasium's same-step mode does) and writes
+observations into one preallocated array. Errors name the env's index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from impala_rl.envs.factory import EnvError
+
+
+class SameStepVectorEnv:
+    """``num_envs`` envs stepped in turn; the API of Gymnasium's vector envs, same-step reset.
+
+    The observation array returned by :meth:`reset` and :meth:`step` is reused: it is
+    overwritten by the next call, so copy what must outlive it.
+    """
+
+    def __init__(self, factories: Sequence[Callable[[], gym.Env]]):
+        self.envs = [factory() for factory in factories]
+        self.num_envs = len(self.envs)
+        first = self.envs[0]
+        self.single_observation_space = first.observation_space
+        self.single_action_space = first.action_space
+        space = first.observation_space
+        self._obs = np.zeros((self.num_envs, *space.shape), dtype=space.dtype)
+        self._rewards = np.zeros(self.num_envs, dtype=np.float64)
+        self._terminated = np.zeros(self.num_envs, dtype=bool)
+        self._truncated = np.zeros(self.num_envs, dtype=bool)
+
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
+        for i, env in enumerate(self.envs):
+            try:
+                obs, _ = env.reset(seed=None if seed is None else seed + i)
+            except Exception as exc:
+                raise EnvError(f"env {i} raised {type(exc).__name__} in reset: {exc}") from exc
+            self._obs[i] = obs
+        return self._obs, {}
+
+    def step(
+        self, actions: Any
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        if isinstance(actions, np.ndarray) and actions.ndim == 1:
+            actions = actions.tolist()  # python scalars: cheaper for Discrete's checks
+        final_obs: dict[int, Any] = {}
+        rewards, terminated, truncated = self._rewards, self._terminated, self._truncated
+        for i, env in enumerate(self.envs):
+            try:
+                obs, reward, term, trunc, _ = env.step(actions[i])
+                if term or trunc:
+                    final_obs[i] = obs
+                    obs, _ = env.reset()
+            except Exception as exc:
+                raise EnvError(f"env {i} raised {type(exc).__name__} in step: {exc}") from exc
+            self._obs[i] = obs
+            rewards[i] = reward
+            terminated[i] = term
+            truncated[i] = trunc
+        info: dict[str, Any] = {}
+        if final_obs:
+            mask = np.zeros(self.num_envs, dtype=bool)
+            objs = np.empty(self.num_envs, dtype=object)
+            for i, obs in final_obs.items():
+                mask[i] = True
+                objs[i] = obs
+            info["final_obs"], info["_final_obs"] = objs, mask
+        return self._obs, rewards.copy(), terminated.copy(), truncated.copy(), info
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
