@@ -8,14 +8,14 @@ Prints
 2. training env steps/s (``summary.env_steps / summary.wall_time_s``, actor start-up and the
    per-epoch evaluation included) with the ``cartpole`` preset's MLP and a fixed env-step
    budget: the preset as is, then the sequential and subprocess backends with 1, 2 and 4 actors
-   of 32 envs each (unroll 32): median, min and max over ``--runs`` runs, and the ratio to the
+   of 64 envs each (unroll 32): median, min and max over ``--runs`` runs, and the ratio to the
    raw ceiling;
 3. the share of the learner's update time (``time_update``) spent recording events in
    ``Trainer._record_update``.
 
 Timings depend on whatever else runs on the machine; compare figures from one invocation.
 
-    python benchmarks/throughput.py            # default: 3 runs of 60000 env steps each
+    python benchmarks/throughput.py            # default: 3 runs of 200000 env steps each
     python benchmarks/throughput.py --quick    # 1 run of 20480 env steps
 """
 
@@ -35,10 +35,10 @@ from impala_rl.envs import EnvFactory, make_vector_env
 from impala_rl.trainer import Trainer
 
 # Throughput setting: the preset's MLP with larger per-actor vector envs and unrolls, so the
-# per-step cost of acting is shared by 32 envs (the preset itself trades throughput for more
+# per-step cost of acting is shared by 64 envs (the preset itself trades throughput for more
 # updates per env step, which solves CartPole sooner; it is measured too).
 THROUGHPUT = [
-    "algorithm.envs_per_actor=32",
+    "algorithm.envs_per_actor=64",
     "algorithm.n_rollout_steps=32",
     "algorithm.actors_batch_size=1",
 ]
@@ -137,13 +137,13 @@ def fmt(x: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=None, help="training runs per backend (3)")
-    parser.add_argument("--steps", type=int, default=None, help="env steps per run (60000)")
+    parser.add_argument("--steps", type=int, default=None, help="env steps per run (200000)")
     parser.add_argument("--raw-runs", type=int, default=None, help="raw stepping runs (5)")
     parser.add_argument("--raw-steps", type=int, default=None, help="steps per raw run (100000)")
     parser.add_argument("--quick", action="store_true", help="fewer runs and steps")
     args = parser.parse_args(argv)
     runs = args.runs or (1 if args.quick else 3)
-    steps = args.steps or (20480 if args.quick else 60000)
+    steps = args.steps or (20480 if args.quick else 200000)
     raw_runs = args.raw_runs or (2 if args.quick else 5)
     raw_steps = args.raw_steps or (30000 if args.quick else 100000)
     started = time.perf_counter()
