@@ -81,6 +81,11 @@ class RolloutSpec:
         return slot
 
 
+def column_block(batch: dict[str, torch.Tensor], start: int, stop: int) -> dict[str, torch.Tensor]:
+    """Views of columns ``start:stop`` of every field (the batch axis is 1, or 0 for ``[N]``)."""
+    return {k: (v[start:stop] if v.ndim == 1 else v[:, start:stop]) for k, v in batch.items()}
+
+
 def concat_slots(slots: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Join slots along the batch axis: ``[T(+1), N]`` each -> ``[T(+1), sum N]``."""
     if len(slots) == 1:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 
 import torch
 
 from impala_rl.actors.base import CollectedOutputs, DistributedActors, actor_seed
-from impala_rl.rollout import ActorLoop
+from impala_rl.rollout import ActorLoop, column_block
 
 
 class SequentialDistributedActors(DistributedActors):
@@ -36,15 +37,7 @@ class SequentialDistributedActors(DistributedActors):
             actor.policy_version = self.policy_version
         observation_space = self.actors[0].envs.single_observation_space
         spec = self.spec(observation_space)
-        batch_spec = type(spec)(
-            spec.T,
-            spec.N * cfg.actors_batch_size,
-            spec.obs_shape,
-            spec.obs_dtype,
-            spec.action_shape,
-            spec.action_dtype,
-        )
-        self._batch = batch_spec.allocate()
+        self._batch = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size).allocate()
         self._next_actor = 0
 
     def stop(self) -> None:
@@ -64,9 +57,7 @@ class SequentialDistributedActors(DistributedActors):
         for b in range(self.cfg.actors_batch_size):
             actor = self.actors[self._next_actor]
             self._next_actor = (self._next_actor + 1) % len(self.actors)
-            cols = slice(b * n, (b + 1) * n)
-            slot = {k: (v[cols] if v.ndim == 1 else v[:, cols]) for k, v in self._batch.items()}
-            result = actor.unroll(slot)
+            result = actor.unroll(column_block(self._batch, b * n, (b + 1) * n))
             self.record_unroll(result)
             env_steps += result.env_steps
         t0 = time.perf_counter()

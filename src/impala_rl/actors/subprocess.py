@@ -23,6 +23,7 @@ Shared memory comes from torch's file-descriptor strategy, so nothing is left un
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import multiprocessing as mp
 import os
@@ -38,7 +39,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
-from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult
+from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, column_block
 
 POLL_S = 0.05
 
@@ -173,15 +174,7 @@ class SubprocessDistributedActors(DistributedActors):
         self.max_waiting = max(1, math.ceil(cfg.queue_out_of_sync_factor * cfg.actors_batch_size))
         n_slots = self.max_waiting + cfg.num_actors + cfg.actors_batch_size
         self.slots = [spec.allocate(share_memory=True) for _ in range(n_slots)]
-        batch_spec = RolloutSpec(
-            spec.T,
-            spec.N * cfg.actors_batch_size,
-            spec.obs_shape,
-            spec.obs_dtype,
-            spec.action_shape,
-            spec.action_dtype,
-        )
-        self._batch_spec = batch_spec
+        self._batch_spec = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size)
         self.weights = SharedWeights(self._template.state_dict())
         self.weights.publish(self._template.state_dict(), self.policy_version)
         self._free: collections.deque[int] = collections.deque(range(n_slots))
@@ -383,9 +376,9 @@ class SubprocessDistributedActors(DistributedActors):
             batch = {k: v.pin_memory() for k, v in batch.items()}
         n = self.cfg.envs_per_actor
         for b, slot_index in enumerate(taken):
-            cols = slice(b * n, (b + 1) * n)
+            block = column_block(batch, b * n, (b + 1) * n)
             for key, src in self.slots[slot_index].items():
-                (batch[key][cols] if src.ndim == 1 else batch[key][:, cols]).copy_(src)
+                block[key].copy_(src)
         env_steps = len(taken) * self.cfg.n_rollout_steps * n
         if device.type != "cpu":
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
