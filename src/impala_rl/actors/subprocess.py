@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import math
 import multiprocessing as mp
 import os
@@ -42,6 +43,7 @@ from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActor
 from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, column_block
 
 POLL_S = 0.05
+log = logging.getLogger(__name__)
 
 
 # -- weights: a flat buffer behind a seqlock --------------------------------------------------
@@ -165,6 +167,14 @@ class SubprocessDistributedActors(DistributedActors):
                     f"({type(exc).__name__}: {exc}); use an importable 'module:callable' "
                     "factory, or runner.backend=sequential"
                 ) from None
+        if self.start_method == "fork" and threading.active_count() > 1:
+            # forking a process with threads can copy a held lock and hang the child
+            log.warning(
+                "runner.start_method=fork is unsafe with %d threads running in this process; "
+                "using forkserver instead",
+                threading.active_count(),
+            )
+            self.start_method = "forkserver"
         self.ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
             self.ctx.set_forkserver_preload(["impala_rl.rollout"])
