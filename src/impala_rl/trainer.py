@@ -196,71 +196,24 @@ class Trainer:
     # -- the run -------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
         self._build()
-        cfg, alg, c = self.cfg, self.cfg.algorithm, self.counters
-        stop_flag = {"stop": False}
+        cfg, c = self.cfg, self.counters
+        self._stop_flag = {"stop": False}
         stopped_because: str | None = None
         error: BaseException | None = None
         actors = make_actors(cfg, self.env_factory, self.learner.model)
         actors.policy_version = self.learner.num_updates
         self.recent_returns: deque[float] = deque(maxlen=100)
-        recent_returns = self.recent_returns
-        start_wall = time.perf_counter() - c.wall_time_s
-        self.learner.set_learning_rate(scheduled_lr(alg, c.env_steps, cfg.max_env_steps))
+        self._start_wall = time.perf_counter() - c.wall_time_s
+        self.learner.set_learning_rate(scheduled_lr(cfg.algorithm, c.env_steps, cfg.max_env_steps))
         try:
-            with _stop_on_signals(stop_flag):
+            with _stop_on_signals(self._stop_flag):
                 actors.start()
                 while stopped_because is None:
-                    c.epoch += 1
-                    epoch_start = time.perf_counter()
-                    epoch_steps = 0
-                    train_policy = c.epoch > alg.critic_burn_in_epochs
-                    for _ in range(alg.epoch_length):
-                        t0 = time.perf_counter()
-                        collected = actors.collect_outputs(self.device)
-                        t_collected = time.perf_counter()
-                        stats = self.learner.update(collected.batch, train_policy=train_policy)
-                        actors.broadcast_updated_policy(self.learner.model.state_dict())
-                        c.updates = self.learner.num_updates
-                        c.env_steps += collected.env_steps
-                        epoch_steps += collected.env_steps
-                        self.learner.set_learning_rate(
-                            scheduled_lr(alg, c.env_steps, cfg.max_env_steps)
-                        )
-                        t_end = time.perf_counter()
-                        self._record_update(stats, collected, t_collected - t0, t_end - t0)
-                        recent_returns.extend(actors.recent_returns_since_last_call())
-                        c.wall_time_s = time.perf_counter() - start_wall
-                        if self.console is not None:
-                            sps = epoch_steps / max(1e-9, t_end - epoch_start)
-                            self.console.on_update(
-                                c.env_steps,
-                                sps,
-                                float(np.mean(recent_returns)) if recent_returns else None,
-                                float(np.mean(stats.policy_lag)),
-                                c.epoch,
-                            )
-                        if cfg.max_env_steps is not None and c.env_steps >= cfg.max_env_steps:
-                            stopped_because = "max_env_steps"
-                        elif (
-                            cfg.max_wall_time_s is not None and c.wall_time_s >= cfg.max_wall_time_s
-                        ):
-                            stopped_because = "max_wall_time_s"
-                        elif stop_flag["stop"]:
-                            stopped_because = "interrupted"
-                        if stopped_because:
-                            break
-                    if stopped_because != "interrupted":
-                        reason = self._end_epoch(actors, epoch_start, epoch_steps)
-                        stopped_because = stopped_because or reason
-                    else:
-                        self._write_epoch_stats(actors, epoch_start, epoch_steps)
-                    c.wall_time_s = time.perf_counter() - start_wall
+                    stopped_because = self._run_epoch(actors)
+                    c.wall_time_s = time.perf_counter() - self._start_wall
                     if c.epoch % cfg.log.checkpoint_every_epochs == 0 or stopped_because:
                         self.save_checkpoint()
-                    if stop_flag["stop"] and stopped_because is None:
-                        stopped_because = "interrupted"
-                        self.save_checkpoint()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # a second Ctrl-C
             stopped_because = "interrupted"
             self.save_checkpoint()
         except NonFiniteError as exc:  # the model may be corrupt: keep the last good checkpoint
@@ -272,11 +225,65 @@ class Trainer:
             actors.stop()
             for writer in self.writers:
                 writer.close()
-        c.wall_time_s = time.perf_counter() - start_wall
-        summary = self._write_summary(stopped_because or "error", recent_returns, error)
+        c.wall_time_s = time.perf_counter() - self._start_wall
+        summary = self._write_summary(stopped_because or "error", self.recent_returns, error)
         if error is not None:
             raise error
         return summary
+
+    def _run_epoch(self, actors: Any) -> str | None:
+        """``epoch_length`` updates, then evaluation and statistics; returns a stop reason."""
+        c = self.counters
+        c.epoch += 1
+        epoch_start = time.perf_counter()
+        epoch_steps = 0
+        train_policy = c.epoch > self.cfg.algorithm.critic_burn_in_epochs
+        stopped_because = None
+        for _ in range(self.cfg.algorithm.epoch_length):
+            epoch_steps += self._update(actors, train_policy, epoch_start, epoch_steps)
+            stopped_because = self._budget_or_signal_stop()
+            if stopped_because:
+                break
+        if stopped_because == "interrupted":  # stop soon: no evaluation
+            self._write_epoch_stats(actors, epoch_start, epoch_steps)
+            return stopped_because
+        reason = self._end_epoch(actors, epoch_start, epoch_steps)
+        return stopped_because or reason or self._budget_or_signal_stop(signal_only=True)
+
+    def _update(self, actors: Any, train_policy: bool, epoch_start: float, epoch_steps: int) -> int:
+        """Collect a batch, update, broadcast, record; returns the env steps it consumed."""
+        cfg, c = self.cfg, self.counters
+        t0 = time.perf_counter()
+        collected = actors.collect_outputs(self.device)
+        t_collected = time.perf_counter()
+        stats = self.learner.update(collected.batch, train_policy=train_policy)
+        actors.broadcast_updated_policy(self.learner.model.state_dict())
+        c.updates = self.learner.num_updates
+        c.env_steps += collected.env_steps
+        self.learner.set_learning_rate(scheduled_lr(cfg.algorithm, c.env_steps, cfg.max_env_steps))
+        t_end = time.perf_counter()
+        self._record_update(stats, collected, t_collected - t0, t_end - t0)
+        self.recent_returns.extend(actors.recent_returns_since_last_call())
+        c.wall_time_s = time.perf_counter() - self._start_wall
+        if self.console is not None:
+            recent = self.recent_returns
+            self.console.on_update(
+                c.env_steps,
+                (epoch_steps + collected.env_steps) / max(1e-9, t_end - epoch_start),
+                float(np.mean(recent)) if recent else None,
+                float(np.mean(stats.policy_lag)),
+                c.epoch,
+            )
+        return collected.env_steps
+
+    def _budget_or_signal_stop(self, signal_only: bool = False) -> str | None:
+        cfg, c = self.cfg, self.counters
+        if not signal_only:
+            if cfg.max_env_steps is not None and c.env_steps >= cfg.max_env_steps:
+                return "max_env_steps"
+            if cfg.max_wall_time_s is not None and c.wall_time_s >= cfg.max_wall_time_s:
+                return "max_wall_time_s"
+        return "interrupted" if self._stop_flag["stop"] else None
 
     def _try_final_checkpoint(self) -> None:
         try:
