@@ -22,6 +22,7 @@ Timings depend on whatever else runs on the machine; compare figures from one in
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -58,6 +59,7 @@ BACKENDS: list[tuple[str, list[str]]] = [
         )
         for n in (1, 2, 4)
     ),
+    ("ray, 2 actors", ["runner.backend=ray", "algorithm.num_actors=2", *THROUGHPUT]),
 ]
 
 
@@ -127,6 +129,10 @@ def training_steps_per_second(overrides: list[str], steps: int) -> tuple[float, 
             ],
             run_dir=run_dir,
         )
+        # Steady state: the epochs after the first (actor and Ray start-up are in the first).
+        rows = [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
+        steady = [row["steps_per_second"] for row in rows[1:] if "steps_per_second" in row]
+        summary["steady_sps"] = statistics.median(steady) if steady else float("nan")
     return summary["env_steps"] / summary["wall_time_s"], summary
 
 
@@ -168,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     timer = RecordTimer()
     timer.install()
     results: list[tuple[str, list[float], float]] = []
+    steady: dict[str, list[float]] = {}
     try:
         for name, overrides in BACKENDS:
             record_before, update_before = timer.record_s, timer.update_s
@@ -175,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
             for i in range(runs):
                 sps, summary = training_steps_per_second(overrides, steps)
                 values.append(sps)
+                steady.setdefault(name, []).append(summary["steady_sps"])
                 print(
                     f"  {name:<22} run {i + 1}: {fmt(sps)} steps/s "
                     f"({summary['env_steps']} steps in {summary['wall_time_s']:.1f} s)"
@@ -208,6 +216,16 @@ def main(argv: list[str] | None = None) -> None:
         f"({timer.record_s * 1e3 / max(timer.calls, 1):.3f} ms per update over "
         f"{timer.calls} updates)"
     )
+    medians = {name: statistics.median(values) for name, values, _ in results}
+    if "ray, 2 actors" in medians and "subprocess, 2 actors" in medians:
+        ray_steady = statistics.median(steady["ray, 2 actors"])
+        sub_steady = statistics.median(steady["subprocess, 2 actors"])
+        total_ratio = medians["ray, 2 actors"] / medians["subprocess, 2 actors"]
+        print(
+            f"ray / subprocess, 2 actors: {total_ratio:.2f}"
+            f" of the steps/s above (start-up included); steady state (epochs after the first): "
+            f"{fmt(ray_steady)} / {fmt(sub_steady)} = {ray_steady / sub_steady:.2f}"
+        )
     print(f"benchmark took {time.perf_counter() - started:.0f} s")
 
 

@@ -71,7 +71,8 @@ TIME_EVENTS = (
 )
 # Events a short sequential run cannot produce, and why.
 CANNOT_OCCUR = {
-    "actor_restarts": "only the subprocess backend restarts dead actor processes",
+    "actor_restarts": "only the subprocess and ray backends restart dead actors",
+    "lost_rollouts": "only the ray backend loses rollouts with dead actors",
 }
 
 

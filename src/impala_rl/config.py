@@ -25,6 +25,7 @@ LR_SCHEDULES = ("constant", "linear")
 BACKENDS = ("sequential", "subprocess", "ray")
 START_METHODS = ("forkserver", "spawn", "fork")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")
+ENCODERS = ("mlp", "nature_cnn", "impala_resnet")
 
 
 class ConfigError(ValueError):
@@ -133,6 +134,8 @@ class ModelConfig:
     """Activation: tanh, relu, elu, gelu or silu."""
     shared_torso: bool = False
     """One torso for policy and value (``true``) or two separate ones."""
+    encoder: str = "mlp"
+    """Torso: ``mlp`` (vectors), ``nature_cnn`` or ``impala_resnet`` (uint8 images [C, H, W])."""
 
 
 @dataclass
@@ -146,13 +149,25 @@ class RunnerConfig:
     """How actor processes start: ``forkserver`` or ``spawn`` (safe), ``fork`` (only when the
     learner process has no threads yet)."""
     max_actor_restarts: int = 3
-    """Actor processes that die are restarted up to this many times in a run, then training
-    stops with an error."""
+    """Actors that die (processes, Ray actors, or all Ray actors of a lost node) are restarted
+    up to this many times in a run, then training stops with an error."""
     learner_threads: int | None = None
     """Torch intra-op threads of the learner process (``null``: the cores not used by actor
     processes, at least 1). Small models learn fastest with 1."""
     shutdown_timeout_s: float = 10.0
     """Seconds to wait for actors to stop before they are terminated, then killed."""
+    ray_address: str | None = None
+    """Ray backend: ``null`` starts a local Ray for the run (dashboard off, bound to this
+    machine) and stops it at the end; ``auto`` or ``host:port`` joins a running cluster."""
+    ray_num_cpus_per_actor: float = 1.0
+    """Ray backend: CPUs each actor reserves (may be fractional)."""
+    ray_num_gpus_per_actor: float = 0.0
+    """Ray backend: GPUs each actor reserves (may be fractional)."""
+    ray_resources_per_actor: dict[str, float] = field(default_factory=dict)
+    """Ray backend: custom resources each actor reserves, e.g. ``{actor_node: 1}`` to place
+    actors only on nodes started with ``--resources='{"actor_node": N}'``."""
+    ray_include_dashboard: bool = False
+    """Ray backend: start the Ray dashboard (on 127.0.0.1) with a local Ray."""
 
 
 @dataclass
@@ -305,6 +320,14 @@ def _check(cond: bool, key: str, valid: str, value: Any) -> None:
         raise ConfigError(f"invalid value for {key!r}: {value!r}; valid: {valid}")
 
 
+def _is_host_port(address: str) -> bool:
+    """``host:port`` (optionally ``ray://host:port``, Ray Client) with a numeric port."""
+    if address.startswith("ray://"):
+        address = address[len("ray://") :]
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
 def validate(cfg: RunConfig) -> None:
     """Range and choice checks the schema's types cannot express."""
     a = cfg.algorithm
@@ -443,6 +466,7 @@ def validate(cfg: RunConfig) -> None:
         m.hidden_sizes,
     )
     _check(m.activation in ACTIVATIONS, "model.activation", " | ".join(ACTIVATIONS), m.activation)
+    _check(m.encoder in ENCODERS, "model.encoder", " | ".join(ENCODERS), m.encoder)
     _check(
         cfg.runner.backend in BACKENDS, "runner.backend", " | ".join(BACKENDS), cfg.runner.backend
     )
@@ -469,6 +493,23 @@ def validate(cfg: RunConfig) -> None:
     _check(
         r.shutdown_timeout_s > 0, "runner.shutdown_timeout_s", "a number > 0", r.shutdown_timeout_s
     )
+    if r.ray_address is not None:
+        _check(
+            r.ray_address == "auto" or _is_host_port(r.ray_address),
+            "runner.ray_address",
+            "null (start a local Ray), auto, or host:port of a running cluster",
+            r.ray_address,
+        )
+    for name in ("ray_num_cpus_per_actor", "ray_num_gpus_per_actor"):
+        value = getattr(r, name)
+        _check(value >= 0, f"runner.{name}", "a number >= 0", value)
+    for key, value in r.ray_resources_per_actor.items():
+        _check(
+            bool(key) and value > 0,
+            f"runner.ray_resources_per_actor.{key}",
+            "a resource name mapped to a number > 0",
+            value,
+        )
     _check(
         cfg.log.checkpoint_every_epochs >= 1,
         "log.checkpoint_every_epochs",

@@ -199,6 +199,10 @@ class ActorEvents:
     def actor_restarts(self, value):
         """Actor processes restarted after they died."""
 
+    @epoch_stats("sum")
+    def lost_rollouts(self, value):
+        """Rollouts dropped because their actor (or its node) died before delivering them."""
+
 
 class RunEvents:
     """Per-epoch facts of the training run."""

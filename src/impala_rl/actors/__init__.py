@@ -25,8 +25,12 @@ def make_actors(
         return SubprocessDistributedActors(
             env_factory, model, cfg.algorithm, cfg.seed, runner=cfg.runner
         )
+    if backend == "ray":
+        from impala_rl.actors.ray import RayDistributedActors  # imports ray (optional)
+
+        return RayDistributedActors(env_factory, model, cfg.algorithm, cfg.seed, runner=cfg.runner)
     raise NotImplementedError(
-        f"runner.backend={backend!r} is not available yet; valid: sequential | subprocess"
+        f"runner.backend={backend!r} is not available; valid: sequential | subprocess | ray"
     )
 
 

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 
 import gymnasium
 import numpy as np
-import torch
 from torch import Tensor, nn
 
 from impala_rl.nn.distributions import ActionDistribution, ActionHead, make_action_head
-from impala_rl.nn.mlp import MLP
+from impala_rl.nn.encoders import make_encoder
 
 __all__ = ["ActorCritic", "PolicyOutput"]
 
@@ -25,11 +24,12 @@ class PolicyOutput:
 
 
 class ActorCritic(nn.Module):
-    """Actor-critic over a flattened ``Box`` observation.
+    """Actor-critic over a ``Box`` observation.
 
-    Observations ``[*batch, *obs_shape]`` are flattened to ``[*batch, obs_dim]`` and cast to
-    float32. With ``shared_torso`` one MLP feeds both heads; otherwise the policy and value
-    each get their own MLP.
+    The torso is an encoder from :mod:`impala_rl.nn.encoders`: an MLP over the flattened
+    observation (``encoder="mlp"``), or the Nature CNN / IMPALA ResNet over ``uint8`` images
+    ``[C, H, W]``. With ``shared_torso`` one torso feeds both heads; otherwise the policy and
+    value each get their own.
     """
 
     def __init__(
@@ -39,6 +39,7 @@ class ActorCritic(nn.Module):
         hidden_sizes: Sequence[int] = (64, 64),
         activation: str = "tanh",
         shared_torso: bool = False,
+        encoder: str = "mlp",
     ) -> None:
         super().__init__()
         if not isinstance(observation_space, gymnasium.spaces.Box):
@@ -52,10 +53,11 @@ class ActorCritic(nn.Module):
         self.obs_dim = int(np.prod(self.obs_shape, dtype=np.int64))
         self.shared_torso = bool(shared_torso)
 
-        self.policy_torso = MLP(self.obs_dim, hidden_sizes, activation)
-        self.value_torso: MLP | None = (
-            None if self.shared_torso else MLP(self.obs_dim, hidden_sizes, activation)
-        )
+        def torso() -> nn.Module:
+            return make_encoder(encoder, self.obs_shape, hidden_sizes, activation)
+
+        self.policy_torso = torso()
+        self.value_torso: nn.Module | None = None if self.shared_torso else torso()
         value_in = self.policy_torso.out_features
         if self.value_torso is not None:
             value_in = self.value_torso.out_features
@@ -67,8 +69,8 @@ class ActorCritic(nn.Module):
         nn.init.orthogonal_(self.value_head.weight, gain=1.0)
         nn.init.zeros_(self.value_head.bias)
 
-    def _flatten(self, obs: Tensor) -> Tensor:
-        """``[*batch, *obs_shape]`` -> float32 ``[*batch, obs_dim]``."""
+    def _check(self, obs: Tensor) -> Tensor:
+        """``obs`` must be ``[*batch, *obs_shape]``; the torsos flatten or convolve it."""
         n = len(self.obs_shape)
         batch_ndim = obs.ndim - n
         if batch_ndim < 0 or tuple(obs.shape[batch_ndim:]) != self.obs_shape:
@@ -76,7 +78,7 @@ class ActorCritic(nn.Module):
                 f"Expected observations of shape [*batch, {', '.join(map(str, self.obs_shape))}]"
                 f", got {tuple(obs.shape)}"
             )
-        return obs.reshape(*obs.shape[:batch_ndim], self.obs_dim).to(torch.float32)
+        return obs
 
     def _value_from(self, x: Tensor, policy_features: Tensor | None) -> Tensor:
         if self.value_torso is None:
@@ -87,18 +89,18 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: Tensor) -> PolicyOutput:
         """Return the action distribution and value for ``obs [*batch, *obs_shape]``."""
-        x = self._flatten(obs)
+        x = self._check(obs)
         policy_features = self.policy_torso(x)
         dist = self.action_head(policy_features)
         return PolicyOutput(dist=dist, value=self._value_from(x, policy_features))
 
     def policy(self, obs: Tensor) -> ActionDistribution:
         """The action distribution alone (acting needs no value): ``obs [*batch, *obs_shape]``."""
-        return self.action_head(self.policy_torso(self._flatten(obs)))
+        return self.action_head(self.policy_torso(self._check(obs)))
 
     def value(self, obs: Tensor) -> Tensor:
         """State values ``[*batch]`` for ``obs [*batch, *obs_shape]``."""
-        return self._value_from(self._flatten(obs), None)
+        return self._value_from(self._check(obs), None)
 
     def policy_parameters(self) -> list[nn.Parameter]:
         """Parameters the policy loss trains (the shared torso included)."""

@@ -1,0 +1,132 @@
+"""Pong training throughput against the compute bound measured in the same run.
+
+Prints
+
+1. the per-step costs, each timed alone on one thread: a preprocessed Pong env step
+   (frame skip 4), acting (the Nature CNN's policy forward, per observation at batch 32) and
+   learning (forward, backward and RMSProp per sample at unroll 80 x batch 8);
+2. the compute bound: 2 cores / (env + acting + learning per step);
+3. training env steps/s (and frames/s = 4x) of the ``pong`` preset with unroll 80 and batch 8
+   for ``--seconds`` seconds (actor start-up excluded: the rate is taken between the first and
+   last epoch), and its ratio to the bound.
+
+    python benchmarks/pong_throughput.py                 # 60 s of training
+    python benchmarks/pong_throughput.py --seconds 20 runner.backend=sequential
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import impala_rl
+from impala_rl.config import load_config
+from impala_rl.envs import EnvFactory
+from impala_rl.learner import Learner
+from impala_rl.nn.factory import build_model
+
+CORES = 2
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def per_step_costs(overrides: list[str]) -> dict[str, float]:
+    torch.set_num_threads(1)
+    cfg = load_config("pong", overrides)
+    factory = EnvFactory(cfg.env.id, cfg.env.kwargs)
+    env = factory()
+    env.reset(seed=0)
+
+    def env_steps(n: int = 200) -> None:
+        for _ in range(n):
+            _, _, term, trunc, _ = env.step(env.action_space.sample())
+            if term or trunc:
+                env.reset()
+
+    env_s = _median_time(env_steps, 5) / 200
+    model = build_model(cfg.model, env.observation_space, env.action_space)
+    obs = torch.randint(0, 256, (32, *env.observation_space.shape), dtype=torch.uint8)
+
+    def act() -> None:
+        with torch.inference_mode():
+            model.policy(obs).sample()
+
+    act_s = _median_time(act, 20) / 32
+    T, B = 80, 8
+    learner = Learner(model, cfg.algorithm)
+    batch = {
+        "obs": torch.randint(0, 256, (T + 1, B, *env.observation_space.shape), dtype=torch.uint8),
+        "action": torch.randint(0, env.action_space.n, (T, B)),
+        "behaviour_log_prob": torch.full((T, B), -1.8),
+        "reward": torch.zeros(T, B),
+        "terminated": torch.zeros(T, B, dtype=torch.bool),
+        "truncated": torch.zeros(T, B, dtype=torch.bool),
+        "truncation_value": torch.zeros(T, B),
+        "policy_version": torch.zeros(B, dtype=torch.int64),
+    }
+    learn_s = _median_time(lambda: learner.update(batch), 3) / (T * B)
+    env.close()
+    return {"env": env_s, "act": act_s, "learn": learn_s}
+
+
+def training_rate(seconds: float, overrides: list[str]) -> tuple[float, dict]:
+    with tempfile.TemporaryDirectory(prefix="impala-pong-") as run_dir:
+        summary = impala_rl.train(
+            "pong",
+            [
+                "algorithm.n_rollout_steps=80",
+                "algorithm.actors_batch_size=8",
+                "algorithm.epoch_length=5",
+                "algorithm.rollout_evaluator.n_episodes=1",
+                "algorithm.rollout_evaluator.max_episode_steps=1",
+                "target_return=null",
+                f"max_wall_time_s={seconds}",
+                "log.console=false",
+                "log.tensorboard=false",
+                *overrides,
+            ],
+            run_dir=run_dir,
+        )
+        rows = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").open()]
+    if len(rows) >= 2:
+        steps = rows[-1]["env_steps"] - rows[0]["env_steps"]
+        elapsed = rows[-1]["wall_time_s"] - rows[0]["wall_time_s"]
+        return steps / elapsed, summary
+    return summary["env_steps"] / summary["wall_time_s"], summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the pong preset")
+    args = parser.parse_args()
+    costs = per_step_costs(args.overrides)
+    per_step = sum(costs.values())
+    bound = CORES / per_step
+    print("per-step cost, one thread:")
+    for name, value in costs.items():
+        print(f"  {name:<6} {value * 1e3:.3f} ms")
+    print(f"compute bound: {CORES} cores / {per_step * 1e3:.3f} ms = {bound:,.0f} env steps/s")
+    rate, summary = training_rate(args.seconds, args.overrides)
+    print(
+        f"training: {rate:,.0f} env steps/s ({4 * rate:,.0f} frames/s) over "
+        f"{summary['env_steps']:,} steps; {rate / bound:.2f} of the compute bound"
+    )
+
+
+if __name__ == "__main__":
+    main()

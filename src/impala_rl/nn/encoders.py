@@ -1,0 +1,139 @@
+"""Observation encoders: an MLP for vectors, the Nature CNN and the IMPALA ResNet for images.
+
+Image encoders take ``uint8`` frames ``[*batch, C, H, W]`` (e.g. 4 stacked 84x84 grayscale
+frames) and scale them to [0, 1] inside the first layer, so observations stay ``uint8`` from
+the env to the network. Every encoder maps ``[*batch, *obs_shape]`` to ``[*batch, out_features]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from impala_rl.nn.mlp import MLP
+
+ENCODERS = ("mlp", "nature_cnn", "impala_resnet")
+
+
+class _ImageEncoder(nn.Module):
+    """Runs a conv trunk over ``[*batch, C, H, W]``, flattening the batch dims around it."""
+
+    def __init__(self, obs_shape: Sequence[int]):
+        super().__init__()
+        if len(obs_shape) != 3:
+            raise ValueError(
+                f"{type(self).__name__} needs image observations [C, H, W], got shape "
+                f"{tuple(obs_shape)}; use model.encoder=mlp for vectors"
+            )
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+
+    def trunk(self, x: Tensor) -> Tensor:  # [N, C, H, W] float -> [N, F]
+        raise NotImplementedError
+
+    def forward(self, obs: Tensor) -> Tensor:
+        batch = obs.shape[: obs.ndim - 3]
+        x = obs.reshape(-1, *self.obs_shape)
+        x = x.float() / 255.0 if not x.is_floating_point() else x.float()
+        return self.trunk(x).reshape(*batch, -1)
+
+    def _out_features(self) -> int:
+        with torch.no_grad():
+            return int(self.trunk(torch.zeros(1, *self.obs_shape)).shape[-1])
+
+
+class NatureCNN(_ImageEncoder):
+    """Mnih et al. (2015): conv 32x8x8/4, 64x4x4/2, 64x3x3/1, then a 512-unit layer."""
+
+    def __init__(self, obs_shape: Sequence[int], hidden: int = 512):
+        super().__init__(obs_shape)
+        c = self.obs_shape[0]
+        self.convs = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(),
+        )  # fmt: skip
+        with torch.no_grad():
+            flat = int(self.convs(torch.zeros(1, *self.obs_shape)).shape[-1])
+        self.fc = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU())
+        self.out_features = hidden
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.orthogonal_(m.weight, gain=float(np.sqrt(2)))
+                nn.init.zeros_(m.bias)
+
+    def trunk(self, x: Tensor) -> Tensor:
+        return self.fc(self.convs(x))
+
+
+class _ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ImpalaResNet(_ImageEncoder):
+    """The IMPALA paper's "deep" network: per stage conv 3x3, max-pool 3x3/2 and two residual
+    blocks (16, 32, 32 channels), then ReLU and a 256-unit layer."""
+
+    def __init__(
+        self, obs_shape: Sequence[int], channels: Sequence[int] = (16, 32, 32), hidden: int = 256
+    ):
+        super().__init__(obs_shape)
+        layers: list[nn.Module] = []
+        in_channels = self.obs_shape[0]
+        for out_channels in channels:
+            layers += [
+                nn.Conv2d(in_channels, out_channels, 3, padding=1),
+                nn.MaxPool2d(3, stride=2, padding=1),
+                _ResidualBlock(out_channels),
+                _ResidualBlock(out_channels),
+            ]
+            in_channels = out_channels
+        self.stages = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            flat = int(self.stages(torch.zeros(1, *self.obs_shape)).shape[-1])
+        self.fc = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU())
+        self.out_features = hidden
+
+    def trunk(self, x: Tensor) -> Tensor:
+        return self.fc(self.stages(x))
+
+
+class MLPEncoder(nn.Module):
+    """Flattens ``[*batch, *obs_shape]`` to float vectors and applies an :class:`MLP`."""
+
+    def __init__(self, obs_shape: Sequence[int], hidden_sizes: Sequence[int], activation: str):
+        super().__init__()
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.obs_dim = int(np.prod(self.obs_shape, dtype=np.int64))
+        self.mlp = MLP(self.obs_dim, hidden_sizes, activation)
+        self.out_features = self.mlp.out_features
+
+    def forward(self, obs: Tensor) -> Tensor:
+        batch = obs.shape[: obs.ndim - len(self.obs_shape)]
+        return self.mlp(obs.reshape(*batch, self.obs_dim).to(torch.float32))
+
+
+def make_encoder(
+    kind: str,
+    obs_shape: Sequence[int],
+    hidden_sizes: Sequence[int] = (64, 64),
+    activation: str = "tanh",
+) -> nn.Module:
+    """An encoder with an ``out_features`` attribute: ``mlp``, ``nature_cnn`` or
+    ``impala_resnet``."""
+    if kind == "mlp":
+        return MLPEncoder(obs_shape, hidden_sizes, activation)
+    if kind == "nature_cnn":
+        return NatureCNN(obs_shape)
+    if kind == "impala_resnet":
+        return ImpalaResNet(obs_shape)
+    raise ValueError(f"unknown encoder {kind!r}; valid: {', '.join(ENCODERS)}")

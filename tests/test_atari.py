@@ -1,0 +1,109 @@
+"""Image observations: the encoders, the uint8 path, and a short Pong run."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import impala_rl
+from impala_rl.config import ConfigError, load_config
+from impala_rl.nn import ActorCritic
+from impala_rl.nn.encoders import ImpalaResNet, MLPEncoder, NatureCNN, make_encoder
+from impala_rl.rollout import ActorLoop, rollout_spec_for
+
+pytest.importorskip("ale_py")
+pytest.importorskip("cv2")
+
+from impala_rl.envs import EnvFactory  # noqa: E402
+
+ATARI = "impala_rl.envs.atari:make_atari_env"
+
+
+@pytest.mark.parametrize(
+    ("cls", "features"), [(NatureCNN, 512), (ImpalaResNet, 256)], ids=["nature", "resnet"]
+)
+def test_image_encoders_map_uint8_frames_to_features(cls, features):
+    encoder = cls((4, 84, 84))
+    assert encoder.out_features == features
+    frames = torch.randint(0, 256, (3, 5, 4, 84, 84), dtype=torch.uint8)
+    out = encoder(frames)
+    assert out.shape == (3, 5, features)
+    # uint8 frames are scaled to [0, 1] inside: the same frames as floats in [0, 1] match
+    torch.testing.assert_close(encoder(frames.float() / 255.0), out)
+
+
+def test_impala_resnet_has_the_papers_stages():
+    encoder = ImpalaResNet((4, 84, 84))
+    convs = [m for m in encoder.stages if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [16, 32, 32]
+    pools = [m for m in encoder.stages if isinstance(m, torch.nn.MaxPool2d)]
+    assert len(pools) == 3
+    blocks = [m for m in encoder.stages if type(m).__name__ == "_ResidualBlock"]
+    assert len(blocks) == 6
+
+
+def test_image_encoders_refuse_vectors_and_unknown_kinds():
+    with pytest.raises(ValueError, match=r"image observations \[C, H, W\]"):
+        NatureCNN((4,))
+    with pytest.raises(ValueError, match="valid: mlp, nature_cnn, impala_resnet"):
+        make_encoder("vit", (4, 84, 84))
+    assert isinstance(make_encoder("mlp", (4,)), MLPEncoder)
+
+
+def test_cnn_on_vector_observations_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="model"):
+        impala_rl.train(
+            "cartpole", ["model.encoder=nature_cnn", "log.console=false"], run_dir=tmp_path
+        )
+
+
+def test_pong_observations_stay_uint8_into_the_slot():
+    factory = EnvFactory(ATARI, {"game": "ALE/Pong-v5"})
+    env = factory()
+    assert env.observation_space == gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    model = ActorCritic(env.observation_space, env.action_space, encoder="nature_cnn")
+    env.close()
+    loop = ActorLoop(factory, 2, model, seed=0, unroll_length=5)
+    slot = rollout_spec_for(model, env.observation_space, 5, 2).allocate()
+    assert slot["obs"].dtype == torch.uint8
+    loop.unroll(slot)
+    loop.close()
+    assert slot["obs"].shape == (6, 2, 4, 84, 84)
+    assert slot["obs"].max() > 0  # real frames were written
+
+
+def test_short_pong_run_completes_with_all_events(tmp_path):
+    summary = impala_rl.train(
+        "pong",
+        [
+            "algorithm.n_epochs=1",
+            "algorithm.epoch_length=2",
+            "algorithm.n_rollout_steps=10",
+            "algorithm.num_actors=2",
+            "algorithm.envs_per_actor=2",
+            "algorithm.actors_batch_size=2",
+            "algorithm.rollout_evaluator.n_episodes=1",
+            "algorithm.rollout_evaluator.max_episode_steps=20",
+            "log.console=false",
+            "log.tensorboard=false",
+        ],
+        run_dir=tmp_path,
+    )
+    assert summary["stopped_because"] == "n_epochs"
+    assert summary["updates"] == 2 and summary["env_steps"] == 2 * 2 * 2 * 10
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    for name in (
+        "policy_loss/0",
+        "critic_value_loss/0",
+        "policy_entropy/0",
+        "time_backprob/percent",
+        "estimated_queue_sizes/before",
+        "policy_lag/max",
+        "eval_return/mean",
+    ):
+        assert name in row and np.isfinite(row[name]), name
+    assert load_config("pong").model.encoder == "nature_cnn"

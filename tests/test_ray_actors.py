@@ -1,0 +1,549 @@
+"""The Ray actor backend, on a real Ray: batches, bounded queue, failures, learning, two nodes.
+
+Each test starts (and stops) its own local Ray, or, in the two-node test, its own two-node
+cluster on this machine: a head and a second raylet started with ``ray start`` in their own
+sessions, dedicated temp dirs and free ports, and killed by session id at the end (never
+``ray stop``, which would stop every Ray on the machine). Every test has a SIGALRM deadline
+and every wait its own timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+import impala_rl  # noqa: E402
+from impala_rl.actors import ActorError, SequentialDistributedActors  # noqa: E402
+from impala_rl.actors.ray import RayDistributedActors  # noqa: E402
+from impala_rl.config import ImpalaAlgorithmConfig, ModelConfig, RunnerConfig  # noqa: E402
+from impala_rl.envs import EnvFactory  # noqa: E402
+from impala_rl.nn.factory import build_model  # noqa: E402
+
+CRASH_ENV = "fault_envs:make_crashing_env"
+DEFAULT_TIME_LIMIT_S = 120.0
+RAY_BIN = Path(sys.executable).parent / "ray"
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def time_limit(seconds: float) -> Callable:
+    def decorate(fn: Callable) -> Callable:
+        fn.time_limit_s = seconds  # type: ignore[attr-defined]
+        return fn
+
+    return decorate
+
+
+class DeadlineExceeded(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _deadline(request):
+    """Fail (rather than hang) a test that runs past its deadline; never leave Ray connected."""
+    seconds = getattr(request.function, "time_limit_s", DEFAULT_TIME_LIMIT_S)
+
+    def on_alarm(signum, frame):
+        raise DeadlineExceeded(f"{request.node.name} ran past its {seconds:.0f} s deadline")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, interval=0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def make_actors(
+    *,
+    backend: str = "ray",
+    env_id: str = "CartPole-v1",
+    env_kwargs: dict | None = None,
+    seed: int = 0,
+    max_actor_restarts: int = 3,
+    **algorithm: object,
+):
+    """A small Ray (or sequential) backend on CartPole with a seeded random MLP policy."""
+    factory = EnvFactory(env_id, env_kwargs or {})
+    probe = factory()
+    observation_space, action_space = probe.observation_space, probe.action_space
+    probe.close()
+    torch.manual_seed(1234)
+    model = build_model(ModelConfig(hidden_sizes=[16]), observation_space, action_space)
+    settings = {
+        "num_actors": 2,
+        "envs_per_actor": 2,
+        "n_rollout_steps": 8,
+        "actors_batch_size": 2,
+        **algorithm,
+    }
+    cfg = ImpalaAlgorithmConfig(**settings)  # type: ignore[arg-type]
+    if backend == "sequential":
+        return SequentialDistributedActors(factory, model, cfg, seed)
+    runner = RunnerConfig(
+        backend="ray",
+        max_actor_restarts=max_actor_restarts,
+        shutdown_timeout_s=5.0,
+        ray_num_cpus_per_actor=0.5,
+    )
+    return RayDistributedActors(factory, model, cfg, seed, runner=runner)
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def pid_alive(pid: int) -> bool:
+    fields = _proc_stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def session_pids(session: int) -> list[int]:
+    """Live processes of one session (``ps -s``): what one ``ray start`` left running."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _proc_stat(int(entry.name))
+            if fields is not None and fields[0] not in ("Z", "X") and int(fields[3]) == session:
+                pids.append(int(entry.name))
+    return pids
+
+
+def kill_session(session: int) -> None:
+    for pid in session_pids(session):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Optional dependency
+# ---------------------------------------------------------------------------------------------
+
+
+def test_importing_impala_rl_does_not_import_ray():
+    code = "import sys, impala_rl, impala_rl.actors, impala_rl.trainer; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_without_ray_the_cli_says_how_to_install_it(tmp_path):
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # makes `import ray` fail as if not installed
+        "from impala_rl.cli import main\n"
+        f"sys.exit(main(['train', 'cartpole', 'runner.backend=ray', 'log.console=false', "
+        f"'--run-dir', {str(tmp_path / 'run')!r}]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("impala: error:"), out.stderr
+    assert "pip install 'impala-rl[ray]'" in lines[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches, versions, the bounded queue
+# ---------------------------------------------------------------------------------------------
+
+
+def test_batches_match_the_other_backends_and_versions_are_bounded():
+    reference = make_actors(backend="sequential")
+    with reference:
+        expected = reference.collect_outputs("cpu").batch
+        expected = {k: (tuple(v.shape), v.dtype) for k, v in expected.items()}
+    actors = make_actors(queue_out_of_sync_factor=1.5)
+    cfg = actors.cfg
+    max_waiting = math.ceil(cfg.queue_out_of_sync_factor * cfg.actors_batch_size)
+    state = actors._template.state_dict()
+    lags: list[int] = []
+    seen_actors: set[int] = set()
+    with actors:
+        assert ray.is_initialized()
+        for _ in range(30):
+            out = actors.collect_outputs("cpu")
+            assert {k: (tuple(v.shape), v.dtype) for k, v in out.batch.items()} == expected
+            assert out.env_steps == cfg.actors_batch_size * cfg.envs_per_actor * 8
+            now = actors.policy_version
+            versions = out.batch["policy_version"]
+            assert torch.all(versions <= now) and torch.all(versions >= 0)
+            lags.extend((now - versions).tolist())
+            seen_actors.update(out.batch["actor_index"].tolist())
+            assert cfg.actors_batch_size <= out.queue_size_before <= max_waiting
+            assert 0 <= out.queue_size_after <= max_waiting
+            assert actors.queue_size() <= max_waiting
+            actors.broadcast_updated_policy(state)
+        # the learner sleeps: the queue fills up to its bound and stays there
+        wait_until(lambda: actors.queue_size() == max_waiting, 30, "the queue to fill")
+        time.sleep(0.5)
+        assert actors.queue_size() == max_waiting
+        assert all(a.ref is None or a.blocked is None for a in actors.actors)
+        stats = actors.get_epoch_stats_aggregator().reduce()
+    assert seen_actors == {0, 1}
+    assert stats["actor_env_steps"] > 0 and stats["episode_return/count"] > 0
+    # the weights reach the actors between unrolls: versions follow the learner
+    assert max(lags) <= max_waiting + 2 * cfg.num_actors, lags
+    assert not ray.is_initialized(), "stop() shuts down the Ray it started"
+
+
+def test_max_policy_lag_drops_stale_rollouts():
+    actors = make_actors(max_policy_lag=0)
+    state = actors._template.state_dict()
+    dropped = 0
+    with actors:
+        for _ in range(6):
+            out = actors.collect_outputs("cpu")
+            assert torch.all(out.batch["policy_version"] == actors.policy_version)
+            dropped += out.dropped_stale
+            time.sleep(0.3)  # actors fill the queue meanwhile
+            for _ in range(3):
+                actors.broadcast_updated_policy(state)
+    assert dropped > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures
+# ---------------------------------------------------------------------------------------------
+
+
+def test_env_exception_surfaces_as_actor_error():
+    actors = make_actors(
+        env_id=CRASH_ENV,
+        env_kwargs={"crash_after": 20, "crash_instance": 1, "message": "boom-from-env"},
+    )
+    actors.start()
+    try:
+        with pytest.raises(ActorError) as info:
+            for _ in range(100):
+                actors.collect_outputs("cpu")
+        message = str(info.value)
+        assert "boom-from-env" in message and "env 1" in message
+        assert 'File "' in message  # the actor's traceback
+    finally:
+        t0 = time.monotonic()
+        actors.stop()
+    assert time.monotonic() - t0 < 15.0
+    assert not ray.is_initialized()
+
+
+def _actor_pid(actors: RayDistributedActors, index: int) -> int:
+    return ray.get(actors.actors[index].handle.pid.remote(), timeout=60)
+
+
+def test_killed_actor_is_restarted_and_its_rollout_counted():
+    actors = make_actors(max_actor_restarts=3)
+    with actors:
+        for _ in range(3):
+            actors.collect_outputs("cpu")
+        victim = _actor_pid(actors, 0)
+        os.kill(victim, signal.SIGKILL)
+        seen_after_restart: set[int] = set()
+        deadline = time.monotonic() + 60
+        while not (actors.restarts == 1 and seen_after_restart == {0, 1}):
+            assert time.monotonic() < deadline, "no restart, or no rollouts from both actors"
+            out = actors.collect_outputs("cpu")
+            if actors.restarts:
+                seen_after_restart.update(out.batch["actor_index"].tolist())
+        assert actors.restarts == 1 and actors.lost >= 1
+        new_pid = _actor_pid(actors, 0)
+        assert new_pid != victim and pid_alive(new_pid)
+        stats = actors.get_epoch_stats_aggregator().reduce()
+        assert stats["actor_restarts"] == 1
+        assert stats["lost_rollouts"] == actors.lost
+        pids = [new_pid, _actor_pid(actors, 1)]
+    wait_until(lambda: not any(pid_alive(p) for p in pids), 15, "the actor processes to exit")
+
+
+def test_too_many_deaths_stop_collection():
+    actors = make_actors(max_actor_restarts=1)
+    actors.start()
+    try:
+        actors.collect_outputs("cpu")
+        os.kill(_actor_pid(actors, 0), signal.SIGKILL)
+        wait_until(lambda: actors.restarts == 1, 30, "the first restart")
+        second = _actor_pid(actors, 0)  # waits until the new actor is up
+        os.kill(second, signal.SIGKILL)
+        with pytest.raises(ActorError, match=r"restart limit runner\.max_actor_restarts=1"):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                actors.collect_outputs("cpu")
+    finally:
+        actors.stop()
+    assert not ray.is_initialized()
+
+
+def test_trainer_stops_with_error_and_saves_final_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(ActorError, match="deliberate test crash"):
+        impala_rl.train(
+            "cartpole",
+            [
+                "runner.backend=ray",
+                "runner.max_actor_restarts=0",
+                f"env.id={CRASH_ENV}",
+                "env.kwargs.crash_after=40",
+                "log.console=false",
+                "log.tensorboard=false",
+            ],
+            run_dir=run_dir,
+        )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_because"] == "error"
+    assert "ActorError" in summary["error"]
+    assert (run_dir / "checkpoints" / "last.pt").is_file()
+    assert not ray.is_initialized()
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning (the subprocess backend's test and budget, with runner.backend=ray)
+# ---------------------------------------------------------------------------------------------
+
+LEARNING_BUDGET = 200_000  # as in tests/test_subprocess_actors.py
+SOLVED_TRAIN_RETURN = 195.0
+
+
+def _watch_actors(monkeypatch, on_returns: Callable) -> list:
+    """Wrap the trainer's ``make_actors`` so a test sees the actors and each return feed."""
+    import impala_rl.trainer
+
+    make = impala_rl.trainer.make_actors
+    created: list = []
+
+    def make_and_watch(cfg, env_factory, model):
+        actors = make(cfg, env_factory, model)
+        created.append(actors)
+        feed = actors.recent_returns_since_last_call
+
+        def watched() -> list[float]:
+            returns = feed()
+            on_returns(cfg, actors, returns)
+            return returns
+
+        actors.recent_returns_since_last_call = watched
+        return actors
+
+    monkeypatch.setattr(impala_rl.trainer, "make_actors", make_and_watch)
+    return created
+
+
+@time_limit(400)
+def test_cartpole_learns_with_ray_actors(tmp_path, monkeypatch):
+    """As ``test_cartpole_learns_with_subprocess_actors``: within the budget the mean of the last
+    100 training episodes reaches 195 (the run stops as soon as it does)."""
+    recent: deque[float] = deque(maxlen=100)
+
+    def on_returns(cfg, actors, returns):
+        recent.extend(returns)
+        if recent and sum(recent) / len(recent) >= SOLVED_TRAIN_RETURN:
+            cfg.max_env_steps = 1  # stop after this update
+
+    _watch_actors(monkeypatch, on_returns)
+    summary = impala_rl.train(
+        "cartpole",
+        [
+            "runner.backend=ray",
+            "seed=0",
+            f"max_env_steps={LEARNING_BUDGET}",
+            "target_return=null",
+            "log.console=false",
+            "log.tensorboard=false",
+        ],
+        run_dir=tmp_path / "run",
+    )
+    assert summary["env_steps"] <= LEARNING_BUDGET + 2 * 8 * 32  # at most one batch over
+    assert summary["train_return_recent"] >= SOLVED_TRAIN_RETURN, summary
+    assert not ray.is_initialized()
+
+
+# ---------------------------------------------------------------------------------------------
+# Two nodes on one machine; the second one dies mid-run
+# ---------------------------------------------------------------------------------------------
+
+SLOT = "impala_test_slot"
+
+
+class TwoNodeCluster:
+    def __init__(self) -> None:
+        # Short paths: Ray's unix sockets live under the temp dir.
+        self.root = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
+        self.sessions: dict[str, int] = {}
+        self.env = {
+            **os.environ,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # notice a dead node within a few seconds (default: tens of seconds)
+            "RAY_health_check_initial_delay_ms": "1000",
+            "RAY_health_check_period_ms": "500",
+            "RAY_health_check_timeout_ms": "1000",
+            "RAY_health_check_failure_threshold": "4",
+        }
+        self.gcs_port = free_port()
+        self.address = f"127.0.0.1:{self.gcs_port}"
+
+    def _start(self, name: str, args: list[str]) -> None:
+        log = self.root / f"{name}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [str(RAY_BIN), "start", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,  # every process it starts stays in this session
+            )
+        self.sessions[name] = proc.pid
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        assert code == 0, f"ray start ({name}) failed:\n{log.read_text()}"
+
+    def _common(self, name: str, cpus: int, slots: int) -> list[str]:
+        return [
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={cpus}",
+            f'--resources={{"{SLOT}": {slots}}}',
+            f"--temp-dir={self.root / name}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            "--disable-usage-stats",
+        ]
+
+    def start(self) -> None:
+        self._start(
+            "head",
+            [
+                "--head",
+                f"--port={self.gcs_port}",
+                "--include-dashboard=false",
+                f"--dashboard-port={free_port()}",
+                f"--ray-client-server-port={free_port()}",
+                *self._common("head", cpus=1, slots=1),
+            ],
+        )
+        self._start("worker", [f"--address={self.address}", *self._common("worker", 1, 2)])
+
+    def kill(self, name: str) -> None:
+        kill_session(self.sessions[name])
+
+    def stop(self) -> None:
+        for name in list(self.sessions):
+            self.kill(name)
+        for session in self.sessions.values():
+            wait_until(lambda s=session: not session_pids(s), 20, "the Ray processes to exit")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture
+def two_node_cluster():
+    cluster = TwoNodeCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.stop()
+
+
+@time_limit(300)
+def test_training_goes_on_when_a_node_dies(tmp_path, monkeypatch, two_node_cluster):
+    cluster = two_node_cluster
+    state = {"killed_at_update": None, "updates": 0, "nodes": None, "after_kill": set()}
+    killer_error: list[BaseException] = []
+
+    def kill_second_node(actors) -> None:
+        try:
+            wait_until(lambda: state["updates"] >= 5, 120, "the first updates")
+            nodes = actors.actor_node_ids(timeout=60)
+            state["nodes"] = nodes
+            cluster.kill("worker")
+            state["killed_at_update"] = state["updates"]
+        except BaseException as exc:  # reported by the test below
+            killer_error.append(exc)
+
+    def on_returns(cfg, actors, returns):
+        state["updates"] += 1
+        if state["updates"] == 1:
+            threading.Thread(target=kill_second_node, args=(actors,), daemon=True).start()
+        if killer_error:
+            cfg.max_env_steps = 1
+        # stop once both lost actors were restarted (or failed to) and training went on
+        if state["killed_at_update"] is not None and actors.restarts >= 2:
+            state["after_kill"].add(state["updates"])
+            if len(state["after_kill"]) >= 20:
+                cfg.max_env_steps = 1
+
+    created = _watch_actors(monkeypatch, on_returns)
+    run_dir = tmp_path / "run"
+    summary = impala_rl.train(
+        "cartpole",
+        [
+            "runner.backend=ray",
+            f"runner.ray_address={cluster.address}",
+            "runner.ray_num_cpus_per_actor=0.5",
+            f"runner.ray_resources_per_actor.{SLOT}=1",
+            "runner.max_actor_restarts=3",
+            "algorithm.num_actors=3",
+            "algorithm.epoch_length=10",
+            "max_env_steps=10000000",
+            "max_wall_time_s=200",
+            "target_return=null",
+            "log.console=false",
+            "log.tensorboard=false",
+        ],
+        run_dir=run_dir,
+    )
+    assert not killer_error, killer_error
+    nodes = state["nodes"]
+    assert nodes is not None and None not in nodes and len(set(nodes)) == 2, nodes
+    assert summary["stopped_because"] == "max_env_steps", summary
+    assert len(state["after_kill"]) >= 20
+    actors = created[0]
+    assert actors.restarts == 2 and actors.lost >= 1
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sum(row.get("actor_restarts", 0) for row in rows) == 2
+    assert sum(row.get("lost_rollouts", 0) for row in rows) == actors.lost
+    assert (run_dir / "checkpoints" / "last.pt").is_file()
+    assert not ray.is_initialized()
