@@ -79,7 +79,8 @@ def learner_threads(cfg: RunConfig) -> int:
     if cfg.runner.learner_threads is not None:
         return cfg.runner.learner_threads
     cores = os.cpu_count() or 1
-    if cfg.runner.backend == "subprocess":
+    local_ray = cfg.runner.backend == "ray" and cfg.runner.ray_address is None
+    if cfg.runner.backend == "subprocess" or local_ray:  # actor processes share these cores
         return max(1, cores - cfg.algorithm.num_actors)
     return cores
 
