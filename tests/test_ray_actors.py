@@ -30,6 +30,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 import impala_rl  # noqa: E402
+from deadlines import alarm_deadline, time_limit, wait_until  # noqa: E402
 from impala_rl.actors import ActorError, SequentialDistributedActors  # noqa: E402
 from impala_rl.actors.ray import RayDistributedActors  # noqa: E402
 from impala_rl.config import ImpalaAlgorithmConfig, ModelConfig, RunnerConfig  # noqa: E402
@@ -46,43 +47,15 @@ RAY_BIN = Path(sys.executable).parent / "ray"
 # ---------------------------------------------------------------------------------------------
 
 
-def time_limit(seconds: float) -> Callable:
-    def decorate(fn: Callable) -> Callable:
-        fn.time_limit_s = seconds  # type: ignore[attr-defined]
-        return fn
-
-    return decorate
-
-
-class DeadlineExceeded(Exception):
-    pass
-
-
 @pytest.fixture(autouse=True)
 def _deadline(request):
     """Fail (rather than hang) a test that runs past its deadline; never leave Ray connected."""
-    seconds = getattr(request.function, "time_limit_s", DEFAULT_TIME_LIMIT_S)
-
-    def on_alarm(signum, frame):
-        raise DeadlineExceeded(f"{request.node.name} ran past its {seconds:.0f} s deadline")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        yield
+        with alarm_deadline(request, DEFAULT_TIME_LIMIT_S):
+            yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
         if ray.is_initialized():
             ray.shutdown()
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str, interval=0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def make_actors(

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
@@ -25,6 +24,7 @@ import pytest
 import torch
 
 import impala_rl
+from deadlines import alarm_deadline, time_limit, wait_until  # noqa: E402
 from impala_rl.actors import ActorError, DistributedActors, SequentialDistributedActors
 from impala_rl.actors.subprocess import SubprocessDistributedActors
 from impala_rl.config import ImpalaAlgorithmConfig, ModelConfig, RunnerConfig
@@ -40,43 +40,11 @@ DEFAULT_TIME_LIMIT_S = 120.0
 # ---------------------------------------------------------------------------------------------
 
 
-def time_limit(seconds: float) -> Callable:
-    """Give one test a deadline other than ``DEFAULT_TIME_LIMIT_S``."""
-
-    def decorate(fn: Callable) -> Callable:
-        fn.time_limit_s = seconds  # type: ignore[attr-defined]
-        return fn
-
-    return decorate
-
-
-class DeadlineExceeded(Exception):
-    pass
-
-
 @pytest.fixture(autouse=True)
 def _deadline(request):
     """Fail (rather than hang) a test that runs past its deadline."""
-    seconds = getattr(request.function, "time_limit_s", DEFAULT_TIME_LIMIT_S)
-
-    def on_alarm(signum, frame):
-        raise DeadlineExceeded(f"{request.node.name} ran past its {seconds:.0f} s deadline")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
+    with alarm_deadline(request, DEFAULT_TIME_LIMIT_S):
         yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str, interval=0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def _proc_stat(pid: int) -> list[str] | None:

@@ -359,10 +359,10 @@ class SubprocessDistributedActors(DistributedActors):
             )
             self._lock.notify_all()
             return
-        self.restarts += 1
-        self.events.actor_restarts(1)
         self._spawn(actor)
         self._give_slot(actor)
+        self.restarts += 1  # counted once the new process runs
+        self.events.actor_restarts(1)
 
     def _assemble(self, in_learner: bool = False) -> None:
         """Copy ``actors_batch_size`` ready slots into a batch while the learner is busy.
