@@ -21,7 +21,7 @@ from impala_rl.config import ImpalaAlgorithmConfig
 from impala_rl.envs import EnvFactory
 from impala_rl.learner import Learner
 from impala_rl.nn import ActorCritic
-from impala_rl.rollout import ActorLoop, concat_slots, rollout_spec_for
+from impala_rl.rollout import ActorLoop, rollout_spec_for
 
 # EnvFactory imports ``scripted_envs`` by name; pytest's default import mode already puts tests/
 # on sys.path, this keeps it working under --import-mode=importlib too.
@@ -274,6 +274,14 @@ def learner_batch(model: ActorCritic) -> dict[str, torch.Tensor]:
     term_loop.close()
     trunc_loop.close()
     return concat_slots([s1, s2])
+
+
+def concat_slots(slots: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Join slots along the batch axis: ``[T(+1), N]`` each -> ``[T(+1), sum N]``."""
+    return {
+        name: torch.cat([s[name] for s in slots], dim=0 if slots[0][name].ndim == 1 else 1)
+        for name in slots[0]
+    }
 
 
 def spy_vtrace(monkeypatch) -> list[dict]:

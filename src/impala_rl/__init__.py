@@ -19,7 +19,7 @@ def train(
     resume: bool = False,
 ) -> dict[str, Any]:
     """Train as the CLI does. ``config``: a :class:`RunConfig`, a preset name or a YAML path."""
-    from impala_rl.config import RunConfig, load_config
+    from impala_rl.config import RunConfig, load_config, to_dict
     from impala_rl.trainer import Trainer, load_run_config
 
     if resume:
@@ -27,16 +27,10 @@ def train(
             raise ValueError("resume=True needs run_dir")
         cfg = load_run_config(run_dir, overrides)
     elif isinstance(config, RunConfig):
-        cfg = load_config(base=_as_dict(config), overrides=overrides)
+        cfg = load_config(base=to_dict(config), overrides=overrides)
     else:
         cfg = load_config(config, overrides)
     return Trainer(cfg, run_dir=run_dir, resume=resume).train()
-
-
-def _as_dict(cfg: Any) -> dict:
-    from impala_rl.config import to_dict
-
-    return to_dict(cfg)
 
 
 def load_policy(run_dir: str | Path, which: str = "best") -> Any:

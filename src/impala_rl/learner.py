@@ -66,10 +66,10 @@ def scheduled_lr(cfg: ImpalaAlgorithmConfig, env_steps: int, max_env_steps: int 
 
 
 def _grad_norm(params: list[torch.nn.Parameter]) -> float:
-    grads = [p.grad.detach().flatten() for p in params if p.grad is not None]
-    if not grads:
+    norms = [torch.linalg.vector_norm(p.grad.detach()) for p in params if p.grad is not None]
+    if not norms:
         return 0.0
-    return float(torch.linalg.vector_norm(torch.cat(grads)))
+    return float(torch.linalg.vector_norm(torch.stack(norms)))
 
 
 class Learner:

@@ -86,17 +86,6 @@ def column_block(batch: dict[str, torch.Tensor], start: int, stop: int) -> dict[
     return {k: (v[start:stop] if v.ndim == 1 else v[:, start:stop]) for k, v in batch.items()}
 
 
-def concat_slots(slots: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Join slots along the batch axis: ``[T(+1), N]`` each -> ``[T(+1), sum N]``."""
-    if len(slots) == 1:
-        return {k: v.clone() for k, v in slots[0].items()}
-    out = {}
-    for name in slots[0]:
-        dim = 0 if slots[0][name].ndim == 1 else 1
-        out[name] = torch.cat([s[name] for s in slots], dim=dim)
-    return out
-
-
 def torch_dtype(np_dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=np_dtype)).dtype
 

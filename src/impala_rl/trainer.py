@@ -36,16 +36,6 @@ from impala_rl.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter, Wan
 
 log = logging.getLogger(__name__)
 
-STOP_REASONS = (
-    "n_epochs",
-    "patience",
-    "target_return",
-    "max_env_steps",
-    "max_wall_time_s",
-    "interrupted",
-    "error",
-)
-
 
 class RunDirError(RuntimeError):
     """A run directory that is missing or not a run directory."""

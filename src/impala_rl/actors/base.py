@@ -16,7 +16,7 @@ import torch
 from impala_rl.config import ImpalaAlgorithmConfig
 from impala_rl.events import ActorEvents
 from impala_rl.nn import ActorCritic
-from impala_rl.rollout import RolloutSpec, UnrollResult
+from impala_rl.rollout import RolloutSpec, UnrollResult, rollout_spec_for
 from impala_rl.stats import EPOCH, EpochStatsAggregator, EventRecorder
 
 
@@ -72,8 +72,6 @@ class DistributedActors(abc.ABC):
         self._returns_lock = threading.Lock()
 
     def spec(self, observation_space: gym.spaces.Box) -> RolloutSpec:
-        from impala_rl.rollout import rollout_spec_for
-
         return rollout_spec_for(
             self._template, observation_space, self.cfg.n_rollout_steps, self.cfg.envs_per_actor
         )
