@@ -380,9 +380,9 @@ class RayDistributedActors(DistributedActors):
                 )
                 self._lock.notify_all()
                 return
-            self.restarts += 1
-            self.events.actor_restarts(1)
             self._spawn(actor)  # placed wherever resources allow; works once it is
+            self.restarts += 1  # counted once the new actor has a handle
+            self.events.actor_restarts(1)
 
     # -- the learner's side -----------------------------------------------------------------------
     def _drop_stale(self) -> None:
