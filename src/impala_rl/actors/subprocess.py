@@ -130,6 +130,22 @@ def _actor_main(
             pass
 
 
+def _reap(process: Any, timeout: float) -> int | None:
+    """Join ``process`` (killing it if it outlives ``timeout``), release it, return its exit code.
+
+    None means it could not be reaped in time; the caller keeps it to try again.
+    A process whose pipe closed may not be reaped yet (forkserver reports exit codes late).
+    """
+    process.join(timeout=timeout)
+    if process.exitcode is None:
+        process.kill()
+        process.join(timeout=timeout)
+    exitcode = process.exitcode
+    if exitcode is not None:
+        process.close()
+    return exitcode
+
+
 class _Actor:
     """The learner's view of one actor process."""
 
@@ -193,6 +209,7 @@ class SubprocessDistributedActors(DistributedActors):
         self._batches: collections.deque[CollectedOutputs] = collections.deque()
         self._error: BaseException | None = None
         self._stopping = False
+        self._unreaped: list[Any] = []
         self._dropped = 0
         self._assembling = False
         self._learner_device: torch.device | None = None
@@ -264,18 +281,14 @@ class SubprocessDistributedActors(DistributedActors):
             if actor.process is not None:
                 actor.process.join(timeout=max(0.0, deadline - time.monotonic()))
         for actor in self.actors:
-            p = actor.process
-            if p is not None and p.is_alive():
-                p.terminate()
-                p.join(timeout=2.0)
-                if p.is_alive():
-                    p.kill()
-                    p.join(timeout=2.0)
+            if actor.process is not None:
+                if actor.process.is_alive():
+                    actor.process.terminate()
+                self._unreaped.append(actor.process)
             if actor.conn is not None:
                 actor.conn.close()
-            if p is not None:
-                p.close()
             actor.process = actor.conn = None
+        self._unreaped = [p for p in self._unreaped if _reap(p, timeout=2.0) is None]
 
     # -- the dispatcher thread ------------------------------------------------------------------
     def _dispatch_loop(self) -> None:
@@ -331,8 +344,10 @@ class SubprocessDistributedActors(DistributedActors):
     def _on_death(self, actor: _Actor) -> None:
         if self._stopping:
             return
-        actor.process.join(timeout=1.0)
-        exitcode = actor.process.exitcode
+        process = actor.process
+        exitcode = _reap(process, timeout=5.0)
+        if exitcode is None:
+            self._unreaped.append(process)  # joined again in stop()
         failed = self._error is not None
         if actor.slot is not None:  # reclaim the slot it was filling
             self._free.append(actor.slot)
@@ -341,7 +356,6 @@ class SubprocessDistributedActors(DistributedActors):
             self._free.append(actor.blocked_slot)
             actor.blocked_slot = None
         actor.conn.close()
-        actor.process.close()
         actor.process = actor.conn = None
         if failed:
             return
