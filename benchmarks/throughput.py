@@ -17,6 +17,7 @@ Timings depend on whatever else runs on the machine; compare figures from one in
 
     python benchmarks/throughput.py            # default: 3 runs of 200000 env steps each
     python benchmarks/throughput.py --quick    # 1 run of 20480 env steps
+    python benchmarks/throughput.py --only "2 actors" --raw-runs 1   # ray vs subprocess
 """
 
 from __future__ import annotations
@@ -147,6 +148,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--raw-runs", type=int, default=None, help="raw stepping runs (5)")
     parser.add_argument("--raw-steps", type=int, default=None, help="steps per raw run (100000)")
     parser.add_argument("--quick", action="store_true", help="fewer runs and steps")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="TEXT",
+        help="train only the configurations whose name contains one of these (e.g. '2 actors')",
+    )
     args = parser.parse_args(argv)
     runs = args.runs or (1 if args.quick else 3)
     steps = args.steps or (20480 if args.quick else 200000)
@@ -177,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     steady: dict[str, list[float]] = {}
     try:
         for name, overrides in BACKENDS:
+            if args.only and not any(text in name for text in args.only):
+                continue
             record_before, update_before = timer.record_s, timer.update_s
             values = []
             for i in range(runs):

@@ -5,20 +5,23 @@ Layout
 - Each actor is a Ray actor (:class:`RolloutWorker`) holding one :class:`ActorLoop` and one
   slot. Its ``unroll`` call runs one unroll and returns the slot as numpy arrays (serialised
   into the object store, read back zero-copy where Ray allows) plus the episode statistics.
-- A dispatcher thread in the learner process keeps one ``unroll`` call in flight per actor and
-  takes finished ones in completion order (``ray.wait``). At most ``max_waiting =
-  ceil(queue_out_of_sync_factor * actors_batch_size)`` finished rollouts wait for the learner;
-  an actor whose rollout finds the queue full gets no new call until the learner takes a batch,
-  so at most ``max_waiting + 2 * num_actors`` rollouts exist at once and the object store never
-  fills.
+- A dispatcher thread in the learner process keeps ``PIPELINE`` (two) ``unroll`` calls queued
+  per actor, so that an actor starts its next unroll as soon as it returns one instead of
+  idling for a round trip, and takes finished ones in completion order (``ray.wait``). At most
+  ``max_waiting = ceil(queue_out_of_sync_factor * actors_batch_size)`` finished rollouts wait
+  for the learner; an actor whose rollout finds the queue full gets no new call until the
+  learner takes a batch, so at most ``max_waiting + 2 * PIPELINE * num_actors`` rollouts exist
+  at once and the object store never fills.
 - Weights: one ``ray.put`` of the state dict (numpy) per broadcast. An actor's next ``unroll``
   call carries the newest reference when its weights are older, and the actor loads them
   before it starts the unroll, so weights change between unrolls only.
 - Faults: a call that fails because its actor (or the actor's node) died drops the rollout
   (``lost_rollouts``), kills what is left of the actor and starts a new one with the same
   resources (``actor_restarts``); it is placed wherever resources allow and starts working when
-  it is, while the other actors go on. Past ``runner.max_actor_restarts`` restarts, or on an
-  exception in an env or the policy, :meth:`collect_outputs` raises :class:`ActorError`.
+  it is, while the other actors go on. (An actor with no call, its rollouts waiting for queue
+  room, is found dead when it gets its next call.) Past ``runner.max_actor_restarts``
+  restarts, or on an exception in an env or the policy, :meth:`collect_outputs` raises
+  :class:`ActorError`.
 - ``runner.ray_address``: ``null`` starts a local Ray (dashboard off unless asked, bound to
   this machine) and stops it in :meth:`stop`; ``auto`` / ``host:port`` joins a cluster and only
   disconnects. A Ray the caller initialised already is used as it is and left running.
@@ -47,6 +50,7 @@ from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, rollout_spec
 
 INSTALL_HINT = "pip install 'impala-rl[ray]'"
 POLL_S = 0.05
+PIPELINE = 2  # unroll calls queued per actor: one running, one ready to start at once
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 STALL_TIMEOUT_S = 600.0  # no rollout at all for this long (e.g. no node can host an actor)
 
@@ -114,9 +118,9 @@ class _Actor:
     def __init__(self, index: int):
         self.index = index
         self.handle: Any = None
-        self.ref: Any = None  # the unroll call in flight (or the start-up probe)
-        self.starting = False  # ``ref`` is the start-up probe, not an unroll
-        self.blocked: tuple[dict[str, np.ndarray], int] | None = None  # waits for queue room
+        self.refs: list[Any] = []  # unroll calls in flight, oldest first (or the start-up probe)
+        self.starting = False  # ``refs[0]`` is the start-up probe, not an unroll
+        self.blocked: list[tuple[dict[str, np.ndarray], int]] = []  # finished, wait for room
         self.known_version = -1  # weights version the actor has (or gets with its call)
         self.starts = 0
         self.delivered = 0  # rollouts delivered since the last (re)start
@@ -252,17 +256,18 @@ class RayDistributedActors(DistributedActors):
         actor.starts += 1
         # The first unroll is sent once the actor is up (it may wait for resources, or for its
         # process to start), so that it carries the weights current then, not at spawn time.
-        actor.ref = actor.handle.pid.remote()
+        actor.refs = [actor.handle.pid.remote()]
         actor.starting = True
 
     def _submit(self, actor: _Actor) -> None:
-        """Start the actor's next unroll, with the newest weights if it lacks them."""
-        if actor.handle is None or actor.ref is not None or actor.blocked is not None:
+        """Queue the actor's next unrolls, each with the newest weights if it lacks them."""
+        if actor.handle is None or actor.starting or actor.blocked:
             return
-        fresh = actor.known_version != self.policy_version
-        weights = self._weights_ref if fresh else None
-        actor.ref = actor.handle.unroll.remote(weights, self.policy_version)
-        actor.known_version = self.policy_version
+        while len(actor.refs) < PIPELINE:
+            fresh = actor.known_version != self.policy_version
+            weights = self._weights_ref if fresh else None
+            actor.refs.append(actor.handle.unroll.remote(weights, self.policy_version))
+            actor.known_version = self.policy_version
 
     def stop(self) -> None:
         if not self._started:
@@ -282,7 +287,8 @@ class RayDistributedActors(DistributedActors):
                     self.ray.kill(actor.handle, no_restart=True)
                 except Exception:
                     pass
-            actor.handle = actor.ref = actor.blocked = None
+            actor.handle = None
+            actor.refs, actor.blocked = [], []
         self._ready = collections.deque()
         self._weights_ref = None
         if self._owns_ray:
@@ -297,7 +303,7 @@ class RayDistributedActors(DistributedActors):
                 with self._lock:
                     if self._stopping:
                         return
-                    owner = {a.ref: a for a in self.actors if a.ref is not None}
+                    owner = {ref: a for a in self.actors for ref in a.refs}
                 if not owner:
                     time.sleep(POLL_S)
                     continue
@@ -305,7 +311,8 @@ class RayDistributedActors(DistributedActors):
                 ready, rest = ray.wait(refs, num_returns=1, timeout=POLL_S)
                 if ready and rest:  # more may have finished meanwhile
                     ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
-                for ref in ready:
+                order = {ref: i for i, ref in enumerate(refs)}  # an actor's oldest call first
+                for ref in sorted(ready, key=order.__getitem__):
                     self._on_done(owner[ref], ref)
         except BaseException as exc:  # surfaces in collect_outputs
             with self._lock:
@@ -321,7 +328,7 @@ class RayDistributedActors(DistributedActors):
             if getattr(exc, "actor_init_failed", False):
                 self._fail(ActorError(f"actor {actor.index} failed to start: {_plain(exc)}"))
             else:
-                self._on_death(actor, exc)
+                self._on_death(actor, exc, ref)
             return
         except exceptions.RayTaskError as exc:  # an exception in the env or the policy
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
@@ -330,12 +337,12 @@ class RayDistributedActors(DistributedActors):
             )
             return
         except (exceptions.ObjectLostError, exceptions.GetTimeoutError) as exc:
-            self._on_death(actor, exc)  # its node went away with the rollout
+            self._on_death(actor, exc, ref)  # its node went away with the rollout
             return
         with self._lock:
-            if actor.ref is not ref or self._stopping:
+            if ref not in actor.refs or self._stopping:
                 return
-            actor.ref = None
+            actor.refs.remove(ref)
             if actor.starting:  # up and running: send the first unroll
                 actor.starting = False
                 self._submit(actor)
@@ -346,11 +353,11 @@ class RayDistributedActors(DistributedActors):
             self._last_delivery = time.monotonic()
             self.record_unroll(result)
             item = (arrays, int(arrays["policy_version"][0]))
-            if len(self._ready) < self.max_waiting:
+            if len(self._ready) < self.max_waiting and not actor.blocked:
                 self._ready.append(item)
                 self._submit(actor)
             else:
-                actor.blocked = item
+                actor.blocked.append(item)
             self._lock.notify_all()
 
     def _fail(self, error: ActorError) -> None:
@@ -358,14 +365,14 @@ class RayDistributedActors(DistributedActors):
             self._error = self._error or error
             self._lock.notify_all()
 
-    def _on_death(self, actor: _Actor, exc: BaseException) -> None:
+    def _on_death(self, actor: _Actor, exc: BaseException, ref: Any) -> None:
         with self._lock:
-            if self._stopping or self._error is not None:
-                return
+            if self._stopping or self._error is not None or ref not in actor.refs:
+                return  # (a later call of an actor whose death was handled already)
             if not actor.starting:
-                self.lost += 1
-                self.events.lost_rollouts(1)
-            actor.ref = None
+                self.lost += len(actor.refs)
+                self.events.lost_rollouts(len(actor.refs))
+            actor.refs = []
             actor.starting = False
             try:
                 self.ray.kill(actor.handle, no_restart=True)
@@ -390,10 +397,9 @@ class RayDistributedActors(DistributedActors):
         if lag_bound is None:
             return
         for actor in self.actors:
-            if actor.blocked is not None and self.policy_version - actor.blocked[1] > lag_bound:
-                actor.blocked = None
-                self._dropped += 1
-                self._submit(actor)
+            fresh = [item for item in actor.blocked if self.policy_version - item[1] <= lag_bound]
+            self._dropped += len(actor.blocked) - len(fresh)
+            actor.blocked = fresh
         keep = collections.deque()
         for item in self._ready:
             if self.policy_version - item[1] > lag_bound:
@@ -406,10 +412,9 @@ class RayDistributedActors(DistributedActors):
     def _unblock(self) -> None:
         """Move blocked rollouts into the queue while there is room; give their actors work."""
         for actor in self.actors:
-            if actor.blocked is not None and len(self._ready) < self.max_waiting:
-                self._ready.append(actor.blocked)
-                actor.blocked = None
-                self._submit(actor)
+            while actor.blocked and len(self._ready) < self.max_waiting:
+                self._ready.append(actor.blocked.pop(0))
+            self._submit(actor)
 
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         ref = self.ray.put(_numpy_state(state_dict))
