@@ -583,3 +583,18 @@ def test_fault_envs_importable_in_actor_processes():
     env.step(0)
     with pytest.raises(RuntimeError, match="deliberate test crash"):
         env.step(0)
+
+
+def test_a_script_from_stdin_gets_a_clear_error(tmp_path):
+    """Actor processes import the main module; a script piped to python has no file to import."""
+    script = (
+        "import impala_rl\n"
+        "impala_rl.train('cartpole', ['runner.backend=subprocess', 'max_env_steps=512', "
+        f"'log.console=false'], run_dir={str(tmp_path / 'run')!r})\n"
+    )
+    done = subprocess.run(
+        [sys.executable], input=script, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert "is not a file (a script read from stdin?)" in done.stderr
+    assert "runner.backend=sequential" in done.stderr

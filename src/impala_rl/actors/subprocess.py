@@ -30,6 +30,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -191,6 +192,13 @@ class SubprocessDistributedActors(DistributedActors):
                 threading.active_count(),
             )
             self.start_method = "forkserver"
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        if self.start_method != "fork" and main_file and not os.path.exists(main_file):
+            raise ActorError(
+                f"runner.start_method={self.start_method} actor processes import the main "
+                f"module, and {main_file!r} is not a file (a script read from stdin?): save "
+                "the script to a file, or use runner.backend=sequential"
+            )
         self.ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
             self.ctx.set_forkserver_preload(["impala_rl.rollout"])
