@@ -3,6 +3,7 @@ replay of a stored unroll, evaluation, the backends and a short CartPole run."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -303,15 +304,22 @@ FAST = ["log.console=false", "log.tensorboard=false", "runner.backend=sequential
 LSTM = ["model.core=lstm", "model.shared_torso=true", "model.lstm_hidden_size=64"]
 
 
-def test_cartpole_with_an_lstm_core_trains_and_its_policy_loads(tmp_path):
-    """A short seeded run with the LSTM core and last action/reward inputs: it completes,
-    checkpoints, and the loaded policy acts (carrying its state) in the env."""
+LSTM_BUDGET = 40_000
+
+
+def test_cartpole_with_an_lstm_core_learns_and_its_policy_loads(tmp_path):
+    """The cartpole preset with a 64-unit LSTM core (sequential, seed 0) lifts the training
+    return (mean of the last 100 episodes) from ~22 (random) to >= 60 within 40,000 env steps
+    (seed 0 passes 60 at ~31k and is at ~82 by 40k); the loaded policy acts with its state."""
     summary = impala_rl.train(
         "cartpole",
-        [*FAST, *LSTM, "model.use_last_action_reward=true", "seed=0", "target_return=null",
-         "max_env_steps=3000", "algorithm.epoch_length=5"],
+        [*FAST, *LSTM, "seed=0", "target_return=null", f"max_env_steps={LSTM_BUDGET}"],
         run_dir=tmp_path,
-    )  # fmt: skip
+    )
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    curve = [(r["env_steps"], r.get("train_return_recent")) for r in rows]
+    assert curve[0][1] is not None and curve[0][1] < 40, curve[0]
+    assert max(ret for _, ret in curve if ret is not None) >= 60, curve
     assert summary["stopped_because"] == "max_env_steps"
     policy = impala_rl.load_policy(tmp_path)
     assert policy.model.has_core
