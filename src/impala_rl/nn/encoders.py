@@ -48,6 +48,17 @@ class _ImageEncoder(nn.Module):
             x = x.contiguous(memory_format=torch.channels_last)
         return self.trunk(x).reshape(*batch, -1)
 
+    def _flat_size(self, convs: nn.Module) -> int:
+        """Features ``convs`` makes of one frame; too small a frame is a ``ValueError``."""
+        try:
+            with torch.no_grad():
+                return int(convs(torch.zeros(1, *self.obs_shape)).shape[-1])
+        except RuntimeError as exc:
+            raise ValueError(
+                f"{type(self).__name__} cannot take frames of shape {self.obs_shape} ({exc}); "
+                "use model.encoder=minatar_cnn for small frames such as MinAtar's 10x10"
+            ) from None
+
     def _out_features(self) -> int:
         with torch.no_grad():
             return int(self.trunk(torch.zeros(1, *self.obs_shape)).shape[-1])
@@ -65,8 +76,7 @@ class NatureCNN(_ImageEncoder):
             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
             nn.Flatten(),
         )  # fmt: skip
-        with torch.no_grad():
-            flat = int(self.convs(torch.zeros(1, *self.obs_shape)).shape[-1])
+        flat = self._flat_size(self.convs)
         self.fc = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU())
         self.out_features = hidden
         for m in self.modules():
@@ -107,8 +117,7 @@ class ImpalaResNet(_ImageEncoder):
             ]
             in_channels = out_channels
         self.stages = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            flat = int(self.stages(torch.zeros(1, *self.obs_shape)).shape[-1])
+        flat = self._flat_size(self.stages)
         self.fc = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU())
         self.out_features = hidden
 
@@ -125,8 +134,7 @@ class MinAtarCNN(_ImageEncoder):
         super().__init__(obs_shape)
         c = self.obs_shape[0]
         self.convs = nn.Sequential(nn.Conv2d(c, channels, 3, stride=1), nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            flat = int(self.convs(torch.zeros(1, *self.obs_shape)).shape[-1])
+        flat = self._flat_size(self.convs)
         self.fc = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU())
         self.out_features = hidden
 
