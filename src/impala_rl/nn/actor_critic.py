@@ -250,7 +250,7 @@ class ActorCritic(nn.Module):
         (the state resets before those steps; ``None``: none) and ``core_state`` is the state
         before step 0 (``None``: zeros); the output carries the state after step ``T - 1``.
         ``last_action [*batch, *action_shape]`` and ``last_reward [*batch]`` are needed with
-        ``use_last_action_reward`` (zeros at episode starts).
+        ``use_last_action_reward``; where ``first [*batch]`` is true they are replaced by zeros.
         """
         features, value_features, state = self._features(
             obs, first, core_state, last_action, last_reward, with_value=True
