@@ -332,3 +332,34 @@ def test_cartpole_with_an_lstm_core_learns_and_its_policy_loads(tmp_path):
         if term or trunc:
             break
     assert policy._state is not None and policy._state[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("last_action_reward", [False, True])
+def test_truncation_value_continues_the_core_from_the_truncated_step(last_action_reward):
+    """At a time limit the actor's ``V(final obs)`` is the core's next step from the state
+    after the cut step (no reset), with that step's action and reward as last inputs."""
+    factory = EnvFactory("scripted_envs:make_env", {"terminate": False}, max_episode_steps=3)
+    model = ActorCritic(
+        gym.spaces.Box(-np.inf, np.inf, (2,), dtype=np.float32),
+        spaces.Discrete(2),
+        (8,),
+        shared_torso=True,
+        core="lstm",
+        lstm_hidden_size=H,
+        use_last_action_reward=last_action_reward,
+    )
+    T, N = 7, 2
+    loop = ActorLoop(factory, N, model, seed=0, unroll_length=T)
+    slot = rollout_spec_for(model, loop.envs.single_observation_space, T, N).allocate()
+    loop.unroll(slot)
+    ends = [t for t in range(T) if bool(slot["truncated"][t].all())]
+    assert ends == [2, 5]
+    for episode, t in enumerate(ends):
+        steps = _first_steps(slot, t + 1)  # the unroll up to and including the cut step
+        with torch.no_grad():
+            state = model(steps["obs"], **model_inputs(model, steps)).core_state
+            final = torch.tensor([[3.0, float(episode)]] * N)  # the scripted env's last obs
+            expected = model.value(final, state, slot["action"][t], slot["reward"][t])
+            fresh = model.value(final, None, slot["action"][t], slot["reward"][t])
+        torch.testing.assert_close(slot["truncation_value"][t], expected)
+        assert not torch.allclose(expected, fresh)
