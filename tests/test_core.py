@@ -14,6 +14,7 @@ import torch
 
 import impala_rl
 from impala_rl.actors import SequentialDistributedActors
+from impala_rl.cli import main
 from impala_rl.config import (
     ConfigError,
     ImpalaAlgorithmConfig,
@@ -307,7 +308,7 @@ LSTM = ["model.core=lstm", "model.shared_torso=true", "model.lstm_hidden_size=64
 LSTM_BUDGET = 40_000
 
 
-def test_cartpole_with_an_lstm_core_learns_and_its_policy_loads(tmp_path):
+def test_cartpole_with_an_lstm_core_learns_and_its_policy_loads(tmp_path, capsys):
     """The cartpole preset with a 64-unit LSTM core (sequential, seed 0) lifts the training
     return (mean of the last 100 episodes) from ~22 (random) to >= 60 within 40,000 env steps
     (seed 0 passes 60 at ~31k and is at ~82 by 40k); the loaded policy acts with its state."""
@@ -332,6 +333,11 @@ def test_cartpole_with_an_lstm_core_learns_and_its_policy_loads(tmp_path):
         if term or trunc:
             break
     assert policy._state is not None and policy._state[0].abs().sum() > 0
+    # `impala eval` runs the recurrent policy through the evaluator, which carries its state
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path), "--episodes", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["episodes"] == 2 and result["min_return"] >= 1.0
 
 
 @pytest.mark.parametrize("last_action_reward", [False, True])
