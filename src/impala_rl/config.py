@@ -25,7 +25,9 @@ LR_SCHEDULES = ("constant", "linear")
 BACKENDS = ("sequential", "subprocess", "ray")
 START_METHODS = ("forkserver", "spawn", "fork")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")
-ENCODERS = ("mlp", "nature_cnn", "impala_resnet")
+ENCODERS = ("mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
+CORES = ("none", "lstm")
+PRECISIONS = ("fp32", "bf16")
 
 
 class ConfigError(ValueError):
@@ -135,7 +137,21 @@ class ModelConfig:
     shared_torso: bool = False
     """One torso for policy and value (``true``) or two separate ones."""
     encoder: str = "mlp"
-    """Torso: ``mlp`` (vectors), ``nature_cnn`` or ``impala_resnet`` (uint8 images [C, H, W])."""
+    """Torso: ``mlp`` (vectors), ``nature_cnn`` or ``impala_resnet`` (uint8 images [C, H, W]),
+    ``minatar_cnn`` (small images such as MinAtar's 10x10)."""
+    core: str = "none"
+    """``none`` or ``lstm``: an LSTM between torso and heads (needs ``shared_torso=true``);
+    each rollout stores its initial state and the state resets at episode starts."""
+    lstm_hidden_size: int = 256
+    """Hidden units of the LSTM core."""
+    use_last_action_reward: bool = False
+    """Feed the previous action (one-hot) and reward (clipped to [-1, 1]) to the heads (or the
+    core) next to the torso's features; both are zero at an episode start."""
+    precision: str = "fp32"
+    """``fp32`` or ``bf16``: bf16 autocast for the torso and core when acting and learning
+    (weights, heads and losses stay float32)."""
+    channels_last: bool = False
+    """Channels-last memory format for the CNN encoders' convolutions (ignored by ``mlp``)."""
 
 
 @dataclass
@@ -467,6 +483,16 @@ def validate(cfg: RunConfig) -> None:
     )
     _check(m.activation in ACTIVATIONS, "model.activation", " | ".join(ACTIVATIONS), m.activation)
     _check(m.encoder in ENCODERS, "model.encoder", " | ".join(ENCODERS), m.encoder)
+    _check(m.core in CORES, "model.core", " | ".join(CORES), m.core)
+    _check(m.lstm_hidden_size >= 1, "model.lstm_hidden_size", "an integer >= 1", m.lstm_hidden_size)
+    if m.core != "none":
+        _check(
+            m.shared_torso,
+            "model.shared_torso",
+            f"true when model.core={m.core} (one torso feeds the core)",
+            m.shared_torso,
+        )
+    _check(m.precision in PRECISIONS, "model.precision", " | ".join(PRECISIONS), m.precision)
     _check(
         cfg.runner.backend in BACKENDS, "runner.backend", " | ".join(BACKENDS), cfg.runner.backend
     )

@@ -36,6 +36,8 @@ def evaluate(
 
     ``deterministic`` takes the distribution's mode; otherwise actions are sampled from a
     generator seeded with ``seed``. ``max_episode_steps`` cuts episodes that run longer.
+    A model with a core carries its state from step to step (and the last action and reward
+    when it reads them), starting every episode from zeros.
     """
     was_training = model.training
     model.eval()
@@ -47,15 +49,27 @@ def evaluate(
         returns = np.zeros(n_episodes)
         lengths = np.zeros(n_episodes, dtype=np.int64)
         running = np.ones(n_episodes, dtype=bool)
+        head = model.action_head
+        first = torch.ones(n_episodes, dtype=torch.bool, device=device)
+        state = model.initial_state(n_episodes, device)
+        last_action = torch.zeros((n_episodes, *head.action_shape), dtype=head.action_dtype)
+        last_action = last_action.to(device)
+        last_reward = torch.zeros(n_episodes, device=device)
         while running.any():
-            dist = model(torch.as_tensor(obs, device=device)).dist
+            x = torch.as_tensor(obs, device=device)
+            if model.needs_inputs:
+                dist, state = model.act(x, first, state, last_action, last_reward)
+            else:
+                dist = model.policy(x)
             action = dist.mode() if deterministic else dist.sample(generator)
-            obs, reward, terminated, truncated, _ = envs.step(
-                model.action_head.to_env(action.cpu())
-            )
+            obs, reward, terminated, truncated, _ = envs.step(head.to_env(action.cpu()))
             returns += np.where(running, reward, 0.0)
             lengths += running
             done = np.logical_or(terminated, truncated)
+            # envs autoreset: a finished env starts a new (uncounted) episode from zero inputs
+            first = torch.as_tensor(done, device=device)
+            last_action = action
+            last_reward = torch.as_tensor(reward, dtype=torch.float32, device=device)
             if max_episode_steps is not None:
                 done |= lengths >= max_episode_steps
             running &= ~done

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -72,6 +73,20 @@ def _grad_norm(params: list[torch.nn.Parameter]) -> float:
     return float(torch.linalg.vector_norm(torch.stack(norms)))
 
 
+def model_inputs(model: ActorCritic, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The inputs besides observations a model reads from a batch: ``first [T+1, B]``, the
+    stored core state ``(h, c)`` (each ``[1, B, H]``), ``last_action``, ``last_reward``."""
+    if not model.needs_inputs:
+        return {}
+    inputs: dict[str, Any] = {"first": batch["first"]}
+    if model.has_core:
+        inputs["core_state"] = (batch["core_h"], batch["core_c"])
+    if model.use_last_action_reward:
+        inputs["last_action"] = batch["last_action"]
+        inputs["last_reward"] = batch["last_reward"]
+    return inputs
+
+
 class Learner:
     """Owns the trainable model and its optimizer; ``update`` runs one step on a batch."""
 
@@ -105,7 +120,7 @@ class Learner:
         if obs.is_floating_point() and not bool(torch.isfinite(obs).all()):
             raise NonFiniteError("observations contain NaN or Inf")
         self.model.train()
-        out = self.model(obs)  # dist over [T+1, B], value [T+1, B]
+        out = self.model(obs, **model_inputs(self.model, batch))  # over [T+1, B]
         action = batch["action"]
         padded = torch.cat([action, action[-1:]], dim=0)
         target_log_prob = out.dist.log_prob(padded)[:-1]

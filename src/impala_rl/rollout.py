@@ -15,7 +15,15 @@ field                  shape              meaning
 ``truncation_value``   ``[T, N]``         V(final obs) of the acting policy where truncated
 ``policy_version``     ``[N]``            learner update count of the acting policy
 ``actor_index``        ``[N]``            which actor filled the column
+``core_h``, ``core_c``   ``[1, N, H]``      LSTM core state before step 0 (models with a core)
+``last_action``        ``[T+1, N, *a]``   action before ``obs[t]``, zero where ``first``
+                                          (models with ``use_last_action_reward``)
+``last_reward``        ``[T+1, N]``       reward before ``obs[t]``, zero where ``first``
 =====================  =================  ==================================================
+
+The optional fields exist only when the model needs them, so a plain model's slot (and its
+copying) is unchanged. The core state is stored before ``first[0]`` resets it; the learner
+replays the core from it over ``[T+1, N]`` with the same resets.
 
 With same-step autoreset ``obs[t+1]`` already belongs to the next episode when step ``t``
 ended one; the learner's discount is zero there, so no value leaks across the reset, and
@@ -54,9 +62,20 @@ class RolloutSpec:
     obs_dtype: torch.dtype
     action_shape: tuple[int, ...]
     action_dtype: torch.dtype
+    core_state_size: int = 0
+    """H of the LSTM core's ``(h, c)``; 0: the model has no core."""
+    last_action_reward: bool = False
+    """The model reads the last action and reward."""
 
     def field_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         T, N = self.T, self.N
+        optional: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        if self.core_state_size:
+            optional["core_h"] = ((1, N, self.core_state_size), torch.float32)
+            optional["core_c"] = ((1, N, self.core_state_size), torch.float32)
+        if self.last_action_reward:
+            optional["last_action"] = ((T + 1, N, *self.action_shape), self.action_dtype)
+            optional["last_reward"] = ((T + 1, N), torch.float32)
         return {
             "obs": ((T + 1, N, *self.obs_shape), self.obs_dtype),
             "first": ((T + 1, N), torch.bool),
@@ -68,6 +87,7 @@ class RolloutSpec:
             "truncation_value": ((T, N), torch.float32),
             "policy_version": ((N,), torch.int64),
             "actor_index": ((N,), torch.int64),
+            **optional,
         }
 
     def allocate(self, share_memory: bool = False) -> dict[str, torch.Tensor]:
@@ -101,6 +121,8 @@ def rollout_spec_for(
         obs_dtype=torch_dtype(observation_space.dtype),
         action_shape=tuple(head.action_shape),
         action_dtype=head.action_dtype,
+        core_state_size=0 if model.core is None else model.core.hidden_size,
+        last_action_reward=model.use_last_action_reward,
     )
 
 
@@ -142,6 +164,11 @@ class ActorLoop:
         self.first = np.ones(num_envs, dtype=bool)
         self.ep_return = np.zeros(num_envs, dtype=np.float64)
         self.ep_length = np.zeros(num_envs, dtype=np.int64)
+        # Carried across steps and unrolls for models that read more than observations.
+        self.core_state = model.initial_state(num_envs)
+        head = model.action_head
+        self.last_action = torch.zeros((num_envs, *head.action_shape), dtype=head.action_dtype)
+        self.last_reward = np.zeros(num_envs, dtype=np.float32)
 
     def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Take new weights; only ever called between unrolls."""
@@ -165,10 +192,32 @@ class ActorLoop:
         returns: list[float] = []
         lengths: list[int] = []
         obs_slot, action_slot, logp_slot = slot["obs"], slot["action"], slot["behaviour_log_prob"]
+        model = self.model
+        stateful = model.needs_inputs
+        with_last = model.use_last_action_reward
+        if model.core is not None:
+            slot["core_h"].copy_(self.core_state[0])
+            slot["core_c"].copy_(self.core_state[1])
+        if with_last:
+            last_action_slot = slot["last_action"]
+            last_rewards = np.zeros((T + 1, N), dtype=np.float32)
+        state = self.core_state
         for t in range(T):
             obs_slot[t] = self.obs
             first[t] = self.first
-            dist = self.model.policy(self.obs)
+            if stateful:
+                if with_last:
+                    last_action_slot[t] = self.last_action
+                    last_rewards[t] = self.last_reward
+                dist, state = model.act(
+                    self.obs,
+                    torch.from_numpy(self.first),
+                    state,
+                    self.last_action,
+                    torch.from_numpy(self.last_reward),
+                )
+            else:
+                dist = model.policy(self.obs)
             action = dist.sample(self.generator)
             action_slot[t] = action
             logp_slot[t] = dist.log_prob(action)
@@ -180,7 +229,23 @@ class ActorLoop:
             if trunc.any():
                 idx = np.flatnonzero(trunc)
                 final = torch.as_tensor(np.stack([info["final_obs"][i] for i in idx]))
-                trunc_values[t, idx] = self.model.value(final).float().numpy()
+                if stateful:  # the final obs continues the episode: no reset, this step's inputs
+                    cols = torch.from_numpy(idx)
+                    value = model.value(
+                        final,
+                        None if state is None else (state[0][:, cols], state[1][:, cols]),
+                        action[cols],
+                        torch.from_numpy(rewards[t, idx]),
+                    )
+                else:
+                    value = model.value(final)
+                trunc_values[t, idx] = value.float().numpy()
+            if with_last:
+                done_t = torch.from_numpy(np.logical_or(term, trunc))
+                self.last_action = action.masked_fill(
+                    done_t.reshape(-1, *([1] * (action.ndim - 1))), 0
+                )
+                self.last_reward = np.where(done_t.numpy(), 0.0, rewards[t]).astype(np.float32)
             self.ep_return += reward
             self.ep_length += 1
             done = np.logical_or(term, trunc)
@@ -194,6 +259,11 @@ class ActorLoop:
             self.obs = torch.as_tensor(obs)
         obs_slot[T] = self.obs
         first[T] = self.first
+        self.core_state = state
+        if with_last:
+            last_action_slot[T] = self.last_action
+            last_rewards[T] = self.last_reward
+            slot["last_reward"].copy_(torch.from_numpy(last_rewards))
         slot["first"].copy_(torch.from_numpy(first))
         slot["reward"].copy_(torch.from_numpy(rewards))
         slot["terminated"].copy_(torch.from_numpy(terminated))

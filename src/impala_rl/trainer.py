@@ -405,10 +405,18 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> 
 
 
 class Policy:
-    """A trained policy for use outside training: ``act(obs, deterministic=...)``."""
+    """A trained policy for use outside training: ``act(obs, deterministic=...)``.
+
+    A recurrent policy (``model.core=lstm``) or one that reads the last action and reward
+    keeps that state between calls: call :meth:`reset` when an episode starts (all of a
+    batch's columns together; a change of batch size also resets), and pass the previous
+    step's reward as ``last_reward`` when the model reads it.
+    """
 
     def __init__(self, model: ActorCritic, env_factory: EnvFactory, cfg: RunConfig):
         self.model = model.eval()
+        self._state: Any = None
+        self._batch_size = 0
         self.env_factory = env_factory
         self.config = cfg
         from impala_rl.envs.factory import ModelObservation
@@ -420,9 +428,10 @@ class Policy:
         env.close()
 
     @torch.no_grad()
-    def act(self, obs: Any, deterministic: bool = True) -> Any:
+    def act(self, obs: Any, deterministic: bool = True, last_reward: Any = None) -> Any:
         """Action for one observation as the env returns it, or for a batch ``[N, *obs]`` of
-        model-form observations; returned in the env's action format."""
+        model-form observations; returned in the env's action format. ``last_reward`` (a
+        number or ``[N]``) is the reward of the previous step, for models that read it."""
         if self._raw_space.contains(obs) if not isinstance(obs, torch.Tensor) else False:
             x = torch.as_tensor(np.asarray(self._to_model(obs))).unsqueeze(0)
             batched = False
@@ -431,10 +440,35 @@ class Policy:
             batched = x.ndim > len(self.model.obs_shape)
             if not batched:
                 x = x.unsqueeze(0)
-        dist = self.model(x).dist
+        if self.model.needs_inputs:
+            dist = self._act_stateful(x, last_reward)
+        else:
+            dist = self.model.policy(x)
         action = dist.mode() if deterministic else dist.sample()
+        if self.model.needs_inputs:
+            self._last_action = action
         env_action = self.model.action_head.to_env(action)
         return env_action if batched else env_action[0]
+
+    def reset(self) -> None:
+        """Start new episodes: zero core state, last action and last reward."""
+        self._batch_size = 0
+
+    def _act_stateful(self, x: torch.Tensor, last_reward: Any) -> Any:
+        n = x.shape[0]
+        head = self.model.action_head
+        if n != self._batch_size:
+            self._batch_size = n
+            self._state = self.model.initial_state(n)
+            self._last_action = torch.zeros((n, *head.action_shape), dtype=head.action_dtype)
+            self._first = torch.ones(n, dtype=torch.bool)
+            last_reward = None
+        reward = torch.zeros(n)
+        if last_reward is not None:
+            reward = torch.as_tensor(np.asarray(last_reward, dtype=np.float32)).reshape(n)
+        dist, self._state = self.model.act(x, self._first, self._state, self._last_action, reward)
+        self._first = torch.zeros(n, dtype=torch.bool)
+        return dist
 
 
 def load_policy(run_dir: str | Path, which: str = "best") -> Policy:

@@ -33,6 +33,7 @@ when the backend is created.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import os
 import re
@@ -198,14 +199,7 @@ class RayDistributedActors(DistributedActors):
             probe = self.env_factory()
             spec: RolloutSpec = self.spec(probe.observation_space)
             probe.close()
-            self._batch_spec = RolloutSpec(
-                spec.T,
-                spec.N * cfg.actors_batch_size,
-                spec.obs_shape,
-                spec.obs_dtype,
-                spec.action_shape,
-                spec.action_dtype,
-            )
+            self._batch_spec = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size)
             self._batch = self._batch_spec.allocate()
             self._batch_arrays = {k: v.numpy() for k, v in self._batch.items()}
             self.max_waiting = max(

@@ -1,6 +1,8 @@
 """Build environments from an ``env`` config section.
 
-``env.id`` is either a Gymnasium id or ``package.module:callable``. Every env is wrapped so
+``env.id`` is either a Gymnasium id (``MinAtar/...`` ids are registered on demand, with
+channels-first ``uint8`` frames, see :mod:`impala_rl.envs.minatar`) or
+``package.module:callable``. Every env is wrapped so
 the model sees one ``Box`` observation: image-like ``uint8`` boxes pass through unchanged (they
 stay ``uint8`` up to the network), everything else (Dict, Tuple, Discrete, MultiDiscrete,
 MultiBinary, multi-dimensional Box) is flattened to a float32 vector.
@@ -100,6 +102,11 @@ class EnvFactory:
                     f"env factory {self.env_id!r} returned {type(env).__name__}, "
                     "not a gymnasium.Env"
                 )
+        elif self.env_id.startswith("MinAtar/"):
+            from impala_rl.envs.minatar import make_minatar_env
+
+            kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}
+            env = make_minatar_env(self.env_id, **kwargs)
         else:
             try:
                 kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}

@@ -1,4 +1,5 @@
-"""Observation encoders: an MLP for vectors, the Nature CNN and the IMPALA ResNet for images.
+"""Observation encoders: an MLP for vectors; the Nature CNN, the IMPALA ResNet and the MinAtar
+CNN for images.
 
 Image encoders take ``uint8`` frames ``[*batch, C, H, W]`` (e.g. 4 stacked 84x84 grayscale
 frames) and scale them to [0, 1] inside the first layer, so observations stay ``uint8`` from
@@ -15,7 +16,7 @@ from torch import Tensor, nn
 
 from impala_rl.nn.mlp import MLP
 
-ENCODERS = ("mlp", "nature_cnn", "impala_resnet")
+ENCODERS = ("mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
 
 
 class _ImageEncoder(nn.Module):
@@ -29,6 +30,12 @@ class _ImageEncoder(nn.Module):
                 f"{tuple(obs_shape)}; use model.encoder=mlp for vectors"
             )
         self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.channels_last = False
+
+    def use_channels_last(self) -> None:
+        """Keep conv weights and inputs in channels-last memory format (NHWC kernels)."""
+        self.to(memory_format=torch.channels_last)
+        self.channels_last = True
 
     def trunk(self, x: Tensor) -> Tensor:  # [N, C, H, W] float -> [N, F]
         raise NotImplementedError
@@ -37,7 +44,20 @@ class _ImageEncoder(nn.Module):
         batch = obs.shape[: obs.ndim - 3]
         x = obs.reshape(-1, *self.obs_shape)
         x = x.float() / 255.0 if not x.is_floating_point() else x.float()
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         return self.trunk(x).reshape(*batch, -1)
+
+    def _flat_size(self, convs: nn.Module) -> int:
+        """Features ``convs`` makes of one frame; too small a frame is a ``ValueError``."""
+        try:
+            with torch.no_grad():
+                return int(convs(torch.zeros(1, *self.obs_shape)).shape[-1])
+        except RuntimeError as exc:
+            raise ValueError(
+                f"{type(self).__name__} cannot take frames of shape {self.obs_shape} ({exc}); "
+                "use model.encoder=minatar_cnn for small frames such as MinAtar's 10x10"
+            ) from None
 
     def _out_features(self) -> int:
         with torch.no_grad():
@@ -56,8 +76,7 @@ class NatureCNN(_ImageEncoder):
             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
             nn.Flatten(),
         )  # fmt: skip
-        with torch.no_grad():
-            flat = int(self.convs(torch.zeros(1, *self.obs_shape)).shape[-1])
+        flat = self._flat_size(self.convs)
         self.fc = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU())
         self.out_features = hidden
         for m in self.modules():
@@ -98,13 +117,29 @@ class ImpalaResNet(_ImageEncoder):
             ]
             in_channels = out_channels
         self.stages = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            flat = int(self.stages(torch.zeros(1, *self.obs_shape)).shape[-1])
+        flat = self._flat_size(self.stages)
         self.fc = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU())
         self.out_features = hidden
 
     def trunk(self, x: Tensor) -> Tensor:
         return self.fc(self.stages(x))
+
+
+class MinAtarCNN(_ImageEncoder):
+    """Young & Tian (2019), MinAtar's network: one conv 16x3x3/1, ReLU, a 128-unit layer.
+
+    Fits the 10x10 MinAtar frames (the Nature CNN's strides need at least 36x36)."""
+
+    def __init__(self, obs_shape: Sequence[int], channels: int = 16, hidden: int = 128):
+        super().__init__(obs_shape)
+        c = self.obs_shape[0]
+        self.convs = nn.Sequential(nn.Conv2d(c, channels, 3, stride=1), nn.ReLU(), nn.Flatten())
+        flat = self._flat_size(self.convs)
+        self.fc = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU())
+        self.out_features = hidden
+
+    def trunk(self, x: Tensor) -> Tensor:
+        return self.fc(self.convs(x))
 
 
 class MLPEncoder(nn.Module):
@@ -128,12 +163,14 @@ def make_encoder(
     hidden_sizes: Sequence[int] = (64, 64),
     activation: str = "tanh",
 ) -> nn.Module:
-    """An encoder with an ``out_features`` attribute: ``mlp``, ``nature_cnn`` or
-    ``impala_resnet``."""
+    """An encoder with an ``out_features`` attribute: ``mlp``, ``nature_cnn``,
+    ``impala_resnet`` or ``minatar_cnn``."""
     if kind == "mlp":
         return MLPEncoder(obs_shape, hidden_sizes, activation)
     if kind == "nature_cnn":
         return NatureCNN(obs_shape)
     if kind == "impala_resnet":
         return ImpalaResNet(obs_shape)
+    if kind == "minatar_cnn":
+        return MinAtarCNN(obs_shape)
     raise ValueError(f"unknown encoder {kind!r}; valid: {', '.join(ENCODERS)}")

@@ -20,6 +20,11 @@ def build_model(
             activation=model_cfg.activation,
             shared_torso=model_cfg.shared_torso,
             encoder=model_cfg.encoder,
+            core=model_cfg.core,
+            lstm_hidden_size=model_cfg.lstm_hidden_size,
+            use_last_action_reward=model_cfg.use_last_action_reward,
+            precision=model_cfg.precision,
+            channels_last=model_cfg.channels_last,
         )
     except ValueError as exc:
         raise ConfigError(f"model (encoder={model_cfg.encoder!r}): {exc}") from None

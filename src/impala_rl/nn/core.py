@@ -1,0 +1,77 @@
+"""The optional recurrent core between the encoder and the heads: an LSTM that resets on
+episode starts.
+
+The state is a pair ``(h, c)``, each ``[1, B, H]`` (one layer, batch on axis 1, as
+:class:`torch.nn.LSTM` has it), so a rollout slot can store it with the batch on axis 1 like
+every other field.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["CORES", "CoreState", "LSTMCore"]
+
+CORES = ("none", "lstm")
+
+CoreState = tuple[Tensor, Tensor]
+"""``(h, c)``, each ``[1, B, H]``."""
+
+
+class LSTMCore(nn.Module):
+    """One LSTM layer over a time-major sequence ``[T, B, in_features]``.
+
+    Where ``first[t]`` is true the state is zeroed before step ``t``: an episode starts there.
+    The sequence is cut at the steps where any column starts an episode and each piece runs as
+    one :class:`torch.nn.LSTM` call, which is exact (a reset only happens at a piece's first
+    step) and much faster than a Python loop over every step.
+    """
+
+    def __init__(self, in_features: int, hidden_size: int) -> None:
+        super().__init__()
+        if hidden_size < 1:
+            raise ValueError(f"lstm hidden size must be >= 1, got {hidden_size}")
+        self.in_features = int(in_features)
+        self.hidden_size = int(hidden_size)
+        self.out_features = self.hidden_size
+        self.lstm = nn.LSTM(self.in_features, self.hidden_size)
+        for name, param in self.lstm.named_parameters():
+            if "bias" in name:
+                nn.init.zeros_(param)
+            else:
+                nn.init.orthogonal_(param)
+
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> CoreState:
+        """Zeros ``(h, c)``, each ``[1, batch_size, H]``."""
+        shape = (1, batch_size, self.hidden_size)
+        return torch.zeros(shape, device=device), torch.zeros(shape, device=device)
+
+    def forward(
+        self, x: Tensor, first: Tensor | None, state: CoreState | None
+    ) -> tuple[Tensor, CoreState]:
+        """``x [T, B, in]``, ``first [T, B]`` (``None``: no episode starts), ``state`` the state
+        before step 0 (``None``: zeros). Returns ``y [T, B, H]`` and the state after step
+        ``T - 1``."""
+        if x.ndim != 3:
+            raise ValueError(f"LSTMCore needs a time-major input [T, B, F], got {tuple(x.shape)}")
+        T, B = x.shape[0], x.shape[1]
+        if state is None:
+            state = self.initial_state(B, x.device)
+        h, c = state
+        if first is None:
+            y, (h, c) = self.lstm(x, (h.to(x.dtype), c.to(x.dtype)))
+            return y, (h, c)
+        if tuple(first.shape) != (T, B):
+            raise ValueError(f"first must be [T, B] = [{T}, {B}], got {tuple(first.shape)}")
+        keep = (~first.bool()).to(x.dtype).unsqueeze(-1)  # [T, B, 1]
+        starts = [0, *torch.nonzero(first[1:].any(dim=1)).flatten().add(1).tolist(), T]
+        outputs = []
+        for t0, t1 in zip(starts[:-1], starts[1:], strict=True):
+            if t1 <= t0:
+                continue
+            h = h.to(x.dtype) * keep[t0]
+            c = c.to(x.dtype) * keep[t0]
+            y, (h, c) = self.lstm(x[t0:t1], (h, c))
+            outputs.append(y)
+        return torch.cat(outputs, dim=0) if len(outputs) > 1 else outputs[0], (h, c)

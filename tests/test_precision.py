@@ -1,0 +1,105 @@
+"""model.precision (bf16 autocast, fp32 weights) and model.channels_last."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from impala_rl.actors.subprocess import SharedWeights
+from impala_rl.config import ConfigError, ImpalaAlgorithmConfig, ModelConfig, load_config
+from impala_rl.learner import Learner
+from impala_rl.nn import ActorCritic
+from impala_rl.nn.factory import build_model
+
+FRAMES = gym.spaces.Box(0, 255, (4, 36, 36), dtype=np.uint8)
+VECTOR = gym.spaces.Box(-np.inf, np.inf, (4,), dtype=np.float32)
+ACTIONS = gym.spaces.Discrete(3)
+NCHW_VS_NHWC = {"atol": 1e-4, "rtol": 1e-4}  # other kernels, other summation order
+
+
+def _pair(space: gym.Space, core: str = "none", **kwargs) -> tuple[ActorCritic, ActorCritic]:
+    """A fp32 model and one built with ``kwargs`` holding the same weights."""
+    torch.manual_seed(0)
+    encoder = "nature_cnn" if space is FRAMES else "mlp"
+    base = ModelConfig(encoder=encoder, shared_torso=True, core=core, lstm_hidden_size=32)
+    ref = build_model(base, space, ACTIONS)
+    other = build_model(ModelConfig(**{**base.__dict__, **kwargs}), space, ACTIONS)
+    other.load_state_dict(ref.state_dict())
+    return ref, other
+
+
+def _obs(space: gym.Space, T: int = 5, B: int = 3) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    if space is FRAMES:
+        return torch.randint(0, 256, (T, B, *space.shape), dtype=torch.uint8, generator=g)
+    return torch.randn(T, B, *space.shape, generator=g)
+
+
+def test_precision_and_core_are_validated_with_the_valid_values():
+    with pytest.raises(ConfigError, match=r"model.precision.*'fp16'.*fp32 \| bf16"):
+        load_config("cartpole", ["model.precision=fp16"])
+    with pytest.raises(ConfigError, match=r"model.lstm_hidden_size"):
+        load_config("cartpole", ["model.lstm_hidden_size=0"])
+    with pytest.raises(ValueError, match="precision"):
+        ActorCritic(VECTOR, ACTIONS, precision="half")
+
+
+@pytest.mark.parametrize("space", [FRAMES, VECTOR], ids=["cnn", "mlp"])
+@pytest.mark.parametrize("core", ["none", "lstm"])
+def test_bf16_autocast_keeps_fp32_weights_and_outputs_close_to_fp32(space, core):
+    ref, bf16 = _pair(space, core, precision="bf16")
+    obs = _obs(space)
+    inputs = {"first": torch.zeros(obs.shape[:2], dtype=torch.bool)} if core == "lstm" else {}
+    with torch.no_grad():
+        a, b = ref(obs, **inputs), bf16(obs, **inputs)
+    assert b.value.dtype == torch.float32 and b.dist.logits.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in bf16.parameters())
+    if core == "lstm":
+        assert b.core_state[0].dtype == torch.float32
+    # bf16 keeps ~3 significant digits: close, not equal
+    torch.testing.assert_close(b.dist.logits, a.dist.logits, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(b.value, a.value, atol=0.05, rtol=0.05)
+    assert not torch.equal(b.value, a.value)
+
+
+def test_a_bf16_learner_update_trains_fp32_weights():
+    _, model = _pair(FRAMES, precision="bf16")
+    T, B = 4, 2
+    batch = {
+        "obs": _obs(FRAMES, T + 1, B),
+        "first": torch.zeros(T + 1, B, dtype=torch.bool),
+        "action": torch.randint(0, 3, (T, B)),
+        "behaviour_log_prob": torch.full((T, B), -float(np.log(3))),
+        "reward": torch.ones(T, B),
+        "terminated": torch.zeros(T, B, dtype=torch.bool),
+        "truncated": torch.zeros(T, B, dtype=torch.bool),
+        "truncation_value": torch.zeros(T, B),
+        "policy_version": torch.zeros(B, dtype=torch.int64),
+        "actor_index": torch.zeros(B, dtype=torch.int64),
+    }
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stats = Learner(model, ImpalaAlgorithmConfig()).update(batch)
+    assert np.isfinite(stats.total_loss)
+    for k, v in model.state_dict().items():
+        assert v.dtype == torch.float32 and not torch.equal(v, before[k]), k
+
+
+def test_channels_last_gives_the_same_outputs_and_survives_weight_transfer():
+    ref, cl = _pair(FRAMES, channels_last=True)
+    conv = cl.policy_torso.convs[0].weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    obs = _obs(FRAMES)
+    with torch.no_grad():
+        torch.testing.assert_close(cl(obs).dist.logits, ref(obs).dist.logits, **NCHW_VS_NHWC)
+    # the subprocess backend's flat weight buffer: publish from one layout, read into the other
+    shared = SharedWeights(cl.state_dict())
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.01)
+    shared.publish(ref.state_dict(), 1)
+    assert shared.read_into(cl, 0) == 1
+    assert cl.policy_torso.convs[0].weight.is_contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        torch.testing.assert_close(cl(obs).dist.logits, ref(obs).dist.logits, **NCHW_VS_NHWC)
