@@ -3,12 +3,13 @@
 Prints
 
 1. the per-step costs, each timed alone on one thread: a preprocessed Pong env step
-   (frame skip 4), acting (the Nature CNN's policy forward, per observation at batch 32) and
-   learning (forward, backward and RMSProp per sample at unroll 80 x batch 8);
+   (frame skip 4), acting (the Nature CNN's policy forward per observation, at the batch of
+   one actor's envs, 8) and learning (forward, backward and RMSProp per sample at the
+   preset's unroll x batch, 80 x 8);
 2. the compute bound: 2 cores / (env + acting + learning per step);
-3. training env steps/s (and frames/s = 4x) of the ``pong`` preset with unroll 80 and batch 8
-   for ``--seconds`` seconds (actor start-up excluded: the rate is taken between the first and
-   last epoch), and its ratio to the bound.
+3. training env steps/s (and frames/s = 4x) of the ``pong`` preset (unroll 80, batch 8: one
+   actor of 8 envs) for ``--seconds`` seconds (actor start-up excluded: the rate is taken
+   between the first and last epoch), and its ratio to the bound.
 
     python benchmarks/pong_throughput.py                 # 60 s of training
     python benchmarks/pong_throughput.py --seconds 20 runner.backend=sequential
@@ -59,14 +60,16 @@ def per_step_costs(overrides: list[str]) -> dict[str, float]:
 
     env_s = _median_time(env_steps, 5) / 200
     model = build_model(cfg.model, env.observation_space, env.action_space)
-    obs = torch.randint(0, 256, (32, *env.observation_space.shape), dtype=torch.uint8)
+    n = cfg.algorithm.envs_per_actor
+    obs = torch.randint(0, 256, (n, *env.observation_space.shape), dtype=torch.uint8)
 
     def act() -> None:
         with torch.inference_mode():
             model.policy(obs).sample()
 
-    act_s = _median_time(act, 20) / 32
-    T, B = 80, 8
+    act_s = _median_time(act, 20) / n
+    T = cfg.algorithm.n_rollout_steps
+    B = cfg.algorithm.envs_per_actor * cfg.algorithm.actors_batch_size
     learner = Learner(model, cfg.algorithm)
     batch = {
         "obs": torch.randint(0, 256, (T + 1, B, *env.observation_space.shape), dtype=torch.uint8),
@@ -88,8 +91,6 @@ def training_rate(seconds: float, overrides: list[str]) -> tuple[float, dict]:
         summary = impala_rl.train(
             "pong",
             [
-                "algorithm.n_rollout_steps=80",
-                "algorithm.actors_batch_size=8",
                 "algorithm.epoch_length=5",
                 "algorithm.rollout_evaluator.n_episodes=1",
                 "algorithm.rollout_evaluator.max_episode_steps=1",
