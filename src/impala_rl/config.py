@@ -26,6 +26,7 @@ BACKENDS = ("sequential", "subprocess", "ray")
 START_METHODS = ("forkserver", "spawn", "fork")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")
 ENCODERS = ("mlp", "nature_cnn", "impala_resnet")
+CRITIC_MODES = ("per_step_key", "shared")
 
 
 class ConfigError(ValueError):
@@ -122,6 +123,8 @@ class EnvConfig:
     """Keyword arguments for ``gymnasium.make`` or the factory."""
     max_episode_steps: int | None = None
     """Time limit (truncation) on top of the env's own (``null``: the env's own)."""
+    eval_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Entries that replace ``kwargs`` for the evaluation env (e.g. a fixed opponent)."""
 
 
 @dataclass
@@ -136,6 +139,12 @@ class ModelConfig:
     """One torso for policy and value (``true``) or two separate ones."""
     encoder: str = "mlp"
     """Torso: ``mlp`` (vectors), ``nature_cnn`` or ``impala_resnet`` (uint8 images [C, H, W])."""
+    shared_policy: bool = False
+    """Structured envs: one policy network for every step key (their spaces must be equal)
+    instead of one per step key."""
+    critic: str = "per_step_key"
+    """Structured envs: ``per_step_key`` (a critic per step key) or ``shared`` (one critic over
+    every sub-step's observation, padded, with a one-hot step key)."""
 
 
 @dataclass
@@ -467,6 +476,7 @@ def validate(cfg: RunConfig) -> None:
     )
     _check(m.activation in ACTIVATIONS, "model.activation", " | ".join(ACTIVATIONS), m.activation)
     _check(m.encoder in ENCODERS, "model.encoder", " | ".join(ENCODERS), m.encoder)
+    _check(m.critic in CRITIC_MODES, "model.critic", " | ".join(CRITIC_MODES), m.critic)
     _check(
         cfg.runner.backend in BACKENDS, "runner.backend", " | ".join(BACKENDS), cfg.runner.backend
     )

@@ -238,3 +238,8 @@ class RunEvents:
     @epoch_stats("mean")
     def eval_length(self, value):
         """Length of an evaluation episode."""
+
+    @epoch_stats("mean")
+    def eval_win_rate(self, value):
+        """Share of evaluation games won (games whose env reports ``info["win"]``, e.g. the
+        tictactoe preset against a random opponent)."""

@@ -30,6 +30,7 @@ when the backend is created.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import os
 import re
@@ -43,7 +44,7 @@ import torch
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
 from impala_rl.config import ConfigError
-from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, rollout_spec_for
+from impala_rl.rollout import RolloutSpec, UnrollResult, make_actor_loop, rollout_spec_for
 
 INSTALL_HINT = "pip install 'impala-rl[ray]'"
 POLL_S = 0.05
@@ -78,7 +79,7 @@ class RolloutWorker:
         actor_index: int,
     ):
         torch.set_num_threads(1)
-        self.loop = ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index)
+        self.loop = make_actor_loop(env_factory, num_envs, model, seed, unroll_length, actor_index)
         spec = rollout_spec_for(
             model, self.loop.envs.single_observation_space, unroll_length, num_envs
         )
@@ -194,14 +195,7 @@ class RayDistributedActors(DistributedActors):
             probe = self.env_factory()
             spec: RolloutSpec = self.spec(probe.observation_space)
             probe.close()
-            self._batch_spec = RolloutSpec(
-                spec.T,
-                spec.N * cfg.actors_batch_size,
-                spec.obs_shape,
-                spec.obs_dtype,
-                spec.action_shape,
-                spec.action_dtype,
-            )
+            self._batch_spec = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size)
             self._batch = self._batch_spec.allocate()
             self._batch_arrays = {k: v.numpy() for k, v in self._batch.items()}
             self.max_waiting = max(
