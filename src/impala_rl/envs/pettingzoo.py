@@ -15,6 +15,9 @@ Two ways to play:
   moves, made inside the env. Its seat alternates from episode to episode (a reset with a seed
   takes the seat ``seed % n_seats``). At the end of a game ``info["win"]`` says whether the
   learner won: the evaluator reports it as ``eval_win_rate``.
+- ``opponent: mixed``: each episode is a random-opponent game with probability
+  ``random_opponent_prob`` (the learner's seat alternating), self-play otherwise; ``agent_id``
+  is the seat in both, so one agent per seat learns from both kinds of games.
 
 Observations with an ``action_mask`` keep it: the policy only picks legal moves.
 """
@@ -29,7 +32,7 @@ import numpy as np
 from impala_rl.envs.factory import EnvError
 from impala_rl.envs.structured import ActorID, StructuredEnv
 
-OPPONENTS = ("self_play", "random")
+OPPONENTS = ("self_play", "random", "mixed")
 
 
 def _import_aec(env: str, env_kwargs: dict[str, Any]) -> Any:
@@ -53,10 +56,14 @@ class AECStructuredEnv(StructuredEnv):
         aec_env: Any,
         opponent: str = "self_play",
         policy_per_agent: bool = False,
+        random_opponent_prob: float = 0.5,
     ):
         if opponent not in OPPONENTS:
             raise EnvError(f"env.kwargs.opponent={opponent!r}; valid: {' | '.join(OPPONENTS)}")
         self.aec = aec_env
+        # attribute reads through PettingZoo's wrappers cost more than a tic-tac-toe move:
+        # read the state from the raw env, step (and observe) through the wrappers
+        self._raw = getattr(aec_env, "unwrapped", aec_env)
         self.opponent = opponent
         self.policy_per_agent = bool(policy_per_agent)
         self.seats = list(aec_env.possible_agents)
@@ -66,39 +73,45 @@ class AECStructuredEnv(StructuredEnv):
         self.action_spaces = {k: aec_env.action_space(self.seats[k]) for k in keys}
         self.observation_space = self.observation_spaces[0]
         self.action_space = self.action_spaces[0]
-        self.n_agents = n if opponent == "self_play" else 1
+        if not 0.0 <= random_opponent_prob <= 1.0:
+            raise EnvError(
+                f"env.kwargs.random_opponent_prob={random_opponent_prob!r}; valid: [0, 1]"
+            )
+        self.random_opponent_prob = float(random_opponent_prob)
+        self.n_agents = 1 if opponent == "random" else n
+        self._vs_random = opponent == "random"
         self._rng = np.random.default_rng()
         self._learner_seat = n - 1  # the first reset without a seed moves it to seat 0
         self._return = 0.0
 
     # -- helpers -----------------------------------------------------------------------------
     def _seat(self) -> int:
-        return self.seats.index(self.aec.agent_selection)
+        return self.seats.index(self._raw.agent_selection)
 
     def _over(self) -> bool:
-        aec = self.aec
+        aec = self._raw
         if not aec.agents:
             return True
         return all(aec.terminations[a] or aec.truncations[a] for a in aec.agents)
 
     def _step_aec(self, action: Any, rewards: np.ndarray) -> None:
         """One AEC step, then dead steps for finished agents; rewards added per seat."""
-        aec = self.aec
-        aec.step(action)
+        raw = self._raw
+        self.aec.step(action)
         self._collect(rewards)
-        while aec.agents and not self._over():
-            agent = aec.agent_selection
-            if not (aec.terminations[agent] or aec.truncations[agent]):
+        while raw.agents and not self._over():
+            agent = raw.agent_selection
+            if not (raw.terminations[agent] or raw.truncations[agent]):
                 break
-            aec.step(None)
+            self.aec.step(None)
             self._collect(rewards)
 
     def _collect(self, rewards: np.ndarray) -> None:
-        for agent, r in self.aec.rewards.items():
+        for agent, r in self._raw.rewards.items():
             rewards[self.seats.index(agent)] += float(r)
 
     def _random_move(self) -> int:
-        agent = self.aec.agent_selection
+        agent = self._raw.agent_selection
         obs = self.aec.observe(agent)
         mask = obs.get("action_mask") if isinstance(obs, dict) else None
         if mask is None:
@@ -110,14 +123,14 @@ class AECStructuredEnv(StructuredEnv):
             self._step_aec(self._random_move(), rewards)
 
     def _observation(self) -> Any:
-        agent = self.aec.agent_selection if self.aec.agents else self.seats[0]
+        agent = self._raw.agent_selection if self._raw.agents else self.seats[0]
         return self.aec.observe(agent)
 
     # -- the protocol ------------------------------------------------------------------------
     def actor_id(self) -> ActorID:
         seat = self._seat()
         key = seat if self.policy_per_agent else 0
-        return ActorID(step_key=key, agent_id=seat if self.opponent == "self_play" else 0)
+        return ActorID(step_key=key, agent_id=0 if self.opponent == "random" else seat)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         if seed is not None:
@@ -127,7 +140,9 @@ class AECStructuredEnv(StructuredEnv):
             self._learner_seat = (self._learner_seat + 1) % len(self.seats)
         self.aec.reset(seed=seed)
         self._return = 0.0
-        if self.opponent == "random":
+        if self.opponent == "mixed":
+            self._vs_random = bool(self._rng.random() < self.random_opponent_prob)
+        if self._vs_random:
             rewards = np.zeros(len(self.seats))
             self._play_opponents(rewards)
         return self._observation(), {}
@@ -135,19 +150,17 @@ class AECStructuredEnv(StructuredEnv):
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict]:
         rewards = np.zeros(len(self.seats))
         self._step_aec(int(action), rewards)
-        if self.opponent == "random":
+        if self._vs_random:
             self._play_opponents(rewards)
         info: dict[str, Any] = {}
         over = self._over()
-        terminated = over and any(self.aec.terminations.values())
+        terminated = over and any(self._raw.terminations.values())
         truncated = over and not terminated
-        if self.opponent == "random":
-            reward: Any = float(rewards[self._learner_seat])
-            self._return += reward
+        if self._vs_random:
+            self._return += float(rewards[self._learner_seat])
             if over:
                 info["win"] = self._return > 0
-        else:
-            reward = rewards
+        reward: Any = float(rewards[self._learner_seat]) if self.n_agents == 1 else rewards
         return self._observation(), reward, terminated, truncated, info
 
     def close(self) -> None:
@@ -159,6 +172,9 @@ def make_aec_env(
     env_kwargs: dict[str, Any] | None = None,
     opponent: str = "self_play",
     policy_per_agent: bool = False,
+    random_opponent_prob: float = 0.5,
 ) -> AECStructuredEnv:
     """The AEC env ``env`` (a module with ``env(**env_kwargs)``) as a structured env."""
-    return AECStructuredEnv(_import_aec(env, dict(env_kwargs or {})), opponent, policy_per_agent)
+    return AECStructuredEnv(
+        _import_aec(env, dict(env_kwargs or {})), opponent, policy_per_agent, random_opponent_prob
+    )
