@@ -75,6 +75,25 @@ def test_random_opponent_seat_follows_the_seed_and_reports_the_outcome():
     assert info["win"] == (total > 0)
 
 
+def test_mixed_games_keep_the_seat_as_agent_id():
+    env = make_aec_env(opponent="mixed", random_opponent_prob=1.0)
+    assert env.n_agents == 2
+    obs, _ = env.reset(seed=1)  # a random-opponent game, the learner in seat 1
+    assert tuple(env.actor_id()) == (0, 1)
+    total, done = np.zeros(2), False
+    while not done:
+        obs, reward, terminated, truncated, info = env.step(
+            int(np.flatnonzero(obs["action_mask"])[0])
+        )
+        assert reward.shape == (2,)
+        total += reward
+        done = terminated or truncated
+    assert info["win"] == (total[1] > 0)
+    env = make_aec_env(opponent="mixed", random_opponent_prob=0.0)
+    env.reset(seed=1)  # self-play: seat 0 moves first
+    assert tuple(env.actor_id()) == (0, 0)
+
+
 def test_unknown_opponent_and_missing_module_are_named():
     with pytest.raises(EnvError, match="opponent='chess'.*self_play \\| random \\| mixed"):
         make_aec_env(opponent="chess")

@@ -241,5 +241,4 @@ class RunEvents:
 
     @epoch_stats("mean")
     def eval_win_rate(self, value):
-        """Share of evaluation games won (games whose env reports ``info["win"]``, e.g. the
-        tictactoe preset against a random opponent)."""
+        """Share of evaluation games won (envs that report ``info["win"]``, e.g. tictactoe)."""
