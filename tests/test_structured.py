@@ -19,7 +19,7 @@ from impala_rl.learner import Learner
 from impala_rl.nn.factory import build_model_for_env
 from impala_rl.nn.structured import StructuredActorCritic
 from impala_rl.rollout import make_actor_loop, rollout_spec_for
-from impala_rl.trainer import Trainer
+from impala_rl.trainer import Trainer, load_policy
 
 FAST = ["log.console=false", "log.tensorboard=false"]
 EXAMPLE_BUDGET = 60_000  # sub-steps; the sequential run needs ~9k (seed 0)
@@ -276,3 +276,16 @@ def test_example_env_needs_rewards_summed_between_decisions(tmp_path, monkeypatc
     )
     assert summary["stopped_because"] == "max_env_steps"
     assert summary["best_eval_return"] < 2.0
+
+
+def test_trained_structured_policy_loads_and_act_names_the_alternative(tmp_path):
+    impala_rl.train(
+        "multistep_example",
+        [*FAST, "algorithm.n_epochs=1", "algorithm.epoch_length=2", "target_return=null"],
+        run_dir=tmp_path,
+    )
+    policy = load_policy(tmp_path)
+    assert isinstance(policy.model, StructuredActorCritic)
+    assert policy.model.policy(1, torch.zeros(2, 5)).mode().shape == (2,)
+    with pytest.raises(TypeError, match="policy.model.policy\\(step_key"):
+        policy.act(np.zeros(7, dtype=np.float32))

@@ -436,6 +436,11 @@ class Policy:
     def act(self, obs: Any, deterministic: bool = True) -> Any:
         """Action for one observation as the env returns it, or for a batch ``[N, *obs]`` of
         model-form observations; returned in the env's action format."""
+        if not isinstance(self.model, ActorCritic):
+            raise TypeError(
+                "Policy.act serves plain Gymnasium envs; for a structured env use "
+                "policy.model.policy(step_key, obs, action_mask)"
+            )
         if self._raw_space.contains(obs) if not isinstance(obs, torch.Tensor) else False:
             x = torch.as_tensor(np.asarray(self._to_model(obs))).unsqueeze(0)
             batched = False
