@@ -289,3 +289,17 @@ def test_trained_structured_policy_loads_and_act_names_the_alternative(tmp_path)
     assert policy.model.policy(1, torch.zeros(2, 5)).mode().shape == (2,)
     with pytest.raises(TypeError, match="policy.model.policy\\(step_key"):
         policy.act(np.zeros(7, dtype=np.float32))
+
+
+def test_categorical_action_mask_gives_illegal_actions_zero_probability():
+    from impala_rl.nn import CategoricalDistribution
+
+    mask = torch.tensor([[True, False, True, False], [False, False, False, False]])
+    dist = CategoricalDistribution(torch.zeros(2, 4), mask)
+    assert dist.probs[0].tolist() == [0.5, 0.0, 0.5, 0.0]
+    assert dist.probs[1].tolist() == [0.25] * 4  # no legal action: left unmasked, not NaN
+    assert dist.entropy().tolist() == pytest.approx([math.log(2), math.log(4)])
+    samples = torch.stack([dist.sample(torch.Generator().manual_seed(s)) for s in range(50)])
+    assert set(samples[:, 0].tolist()) == {0, 2}
+    with pytest.raises(ValueError, match="action mask shape"):
+        CategoricalDistribution(torch.zeros(2, 4), mask[:, :3])
