@@ -130,7 +130,7 @@ def test_vector_env_keeps_per_agent_rewards():
 
 
 def test_tictactoe_short_run_learns_against_random(tmp_path):
-    """Budget 100k learner moves (~20 s on 2 shared cores; seed 0 wins 79%): an untrained
+    """Budget 100k learner moves (~20 s on 2 shared cores; seed 0 wins 80%): an untrained
     policy wins 36-42% of the same games."""
     impala_rl.train("tictactoe", [*FAST, "max_env_steps=100000"], run_dir=tmp_path)
     assert _win_rate(tmp_path) > 0.7
@@ -138,9 +138,9 @@ def test_tictactoe_short_run_learns_against_random(tmp_path):
 
 @pytest.mark.slow
 def test_tictactoe_preset_beats_random_in_over_90_percent_of_games(tmp_path):
-    """The preset's own budget (600k learner moves, ~2 min on 2 shared cores, seed 0); the best
+    """The preset's own budget (1M learner moves, ~3 min on 2 shared cores, seed 0); the best
     checkpoint is then evaluated on 1000 fresh games, alternating seats."""
     summary = impala_rl.train("tictactoe", FAST, run_dir=tmp_path)
     assert summary["stopped_because"] == "max_env_steps"
-    assert summary["env_steps"] <= 600_000 + 32 * 16
+    assert summary["env_steps"] <= 1_000_000 + 32 * 16
     assert _win_rate(tmp_path) > 0.9
