@@ -339,7 +339,6 @@ class Trainer:
         if result.wins is not None:
             for win in result.wins:
                 self.run_events.eval_win_rate(float(win))
-        self.last_eval = result
         return result.mean_return
 
     def _end_epoch(self, actors: Any, epoch_start: float, epoch_steps: int) -> str | None:
