@@ -73,6 +73,7 @@ TIME_EVENTS = (
 CANNOT_OCCUR = {
     "actor_restarts": "only the subprocess and ray backends restart dead actors",
     "lost_rollouts": "only the ray backend loses rollouts with dead actors",
+    "eval_win_rate": "only games that report info['win'] (structured envs) have a win rate",
 }
 
 

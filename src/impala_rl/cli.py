@@ -98,21 +98,24 @@ def _eval(args: argparse.Namespace) -> int:
     import numpy as np
 
     from impala_rl.envs import EnvFactory
-    from impala_rl.evaluation import evaluate
+    from impala_rl.evaluation import evaluate, evaluate_structured
+    from impala_rl.nn.structured import StructuredActorCritic
     from impala_rl.trainer import load_policy
 
     if args.episodes < 1:
         raise _UsageError("--episodes must be >= 1")
     policy = load_policy(Path(args.run_dir), args.which)
     env_cfg = policy.config.env
-    kwargs = dict(env_cfg.kwargs)
+    kwargs = {**env_cfg.kwargs, **env_cfg.eval_kwargs}
     if args.render:
         kwargs["render_mode"] = "human"
     factory = EnvFactory(env_cfg.id, kwargs, env_cfg.max_episode_steps)
     n_parallel = 1 if args.render else args.episodes
     returns: list[float] = []
+    wins: list[bool] = []
+    structured = isinstance(policy.model, StructuredActorCritic)
     while len(returns) < args.episodes:
-        result = evaluate(
+        result = (evaluate_structured if structured else evaluate)(
             policy.model,
             factory,
             min(n_parallel, args.episodes - len(returns)),
@@ -120,18 +123,17 @@ def _eval(args: argparse.Namespace) -> int:
             seed=args.seed + len(returns),
         )
         returns += result.returns
-    print(
-        json.dumps(
-            {
-                "episodes": len(returns),
-                "mean_return": float(np.mean(returns)),
-                "std_return": float(np.std(returns)),
-                "min_return": float(np.min(returns)),
-                "max_return": float(np.max(returns)),
-            },
-            indent=2,
-        )
-    )
+        wins += result.wins or []
+    report = {
+        "episodes": len(returns),
+        "mean_return": float(np.mean(returns)),
+        "std_return": float(np.std(returns)),
+        "min_return": float(np.min(returns)),
+        "max_return": float(np.max(returns)),
+    }
+    if len(wins) == len(returns):
+        report["win_rate"] = float(np.mean(wins))
+    print(json.dumps(report, indent=2))
     return 0
 
 

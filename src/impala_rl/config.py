@@ -28,6 +28,7 @@ ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")
 ENCODERS = ("mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
 CORES = ("none", "lstm")
 PRECISIONS = ("fp32", "bf16")
+CRITIC_MODES = ("per_step_key", "shared")
 
 
 class ConfigError(ValueError):
@@ -124,6 +125,8 @@ class EnvConfig:
     """Keyword arguments for ``gymnasium.make`` or the factory."""
     max_episode_steps: int | None = None
     """Time limit (truncation) on top of the env's own (``null``: the env's own)."""
+    eval_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Entries that replace ``kwargs`` for the evaluation env (e.g. a fixed opponent)."""
 
 
 @dataclass
@@ -152,6 +155,12 @@ class ModelConfig:
     (weights, heads and losses stay float32)."""
     channels_last: bool = False
     """Channels-last memory format for the CNN encoders' convolutions (ignored by ``mlp``)."""
+    shared_policy: bool = False
+    """Structured envs: one policy network for every step key (their spaces must be equal)
+    instead of one per step key."""
+    critic: str = "per_step_key"
+    """Structured envs: ``per_step_key`` (a critic per step key) or ``shared`` (one critic over
+    every sub-step's observation, padded, with a one-hot step key)."""
 
 
 @dataclass
@@ -493,6 +502,7 @@ def validate(cfg: RunConfig) -> None:
             m.shared_torso,
         )
     _check(m.precision in PRECISIONS, "model.precision", " | ".join(PRECISIONS), m.precision)
+    _check(m.critic in CRITIC_MODES, "model.critic", " | ".join(CRITIC_MODES), m.critic)
     _check(
         cfg.runner.backend in BACKENDS, "runner.backend", " | ".join(BACKENDS), cfg.runner.backend
     )

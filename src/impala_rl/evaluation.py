@@ -11,12 +11,19 @@ import torch
 
 from impala_rl.envs import make_vector_env
 from impala_rl.nn import ActorCritic
+from impala_rl.nn.structured import StructuredActorCritic
 
 
 @dataclass
 class EvaluationResult:
     returns: list[float]
     lengths: list[int]
+    wins: list[bool] | None = None
+    """Per episode, when the env reports ``info["win"]`` at episode end (games)."""
+
+    @property
+    def win_rate(self) -> float | None:
+        return float(np.mean(self.wins)) if self.wins else None
 
     @property
     def mean_return(self) -> float:
@@ -77,3 +84,61 @@ def evaluate(
         envs.close()
         model.train(was_training)
     return EvaluationResult([float(r) for r in returns], [int(n) for n in lengths])
+
+
+@torch.no_grad()
+def evaluate_structured(
+    model: StructuredActorCritic,
+    env_factory: Callable[[], gym.Env],
+    n_episodes: int,
+    deterministic: bool = True,
+    seed: int = 0,
+    max_episode_steps: int | None = None,
+) -> EvaluationResult:
+    """:func:`evaluate` for a structured env: returns are agent 0's, lengths count sub-steps,
+    and ``wins`` collects ``info["win"]`` from the final step when the env reports it."""
+    from impala_rl.envs.structured import StructuredVectorEnv
+
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    envs = StructuredVectorEnv([env_factory] * n_episodes)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    wins: list[bool | None] = [None] * n_episodes
+    try:
+        envs.reset(seed=seed)
+        returns = np.zeros(n_episodes)
+        lengths = np.zeros(n_episodes, dtype=np.int64)
+        running = np.ones(n_episodes, dtype=bool)
+        actions: list = [None] * n_episodes
+        while running.any():
+            for k in envs.step_keys:
+                idx = np.flatnonzero(envs.step_key == k)
+                if idx.size == 0:
+                    continue
+                obs = torch.as_tensor(envs.obs[k][idx], device=device)
+                mask = envs.masks.get(k)
+                mask_t = None if mask is None else torch.as_tensor(mask[idx], device=device)
+                dist = model.policy(k, obs, mask_t)
+                action = dist.mode() if deterministic else dist.sample(generator)
+                for j, i in enumerate(idx):
+                    actions[i] = model.action_head(k).to_env(action.cpu())[j]
+            reward, terminated, truncated, _, final_infos = envs.step(actions)
+            returns += np.where(running, reward[:, 0], 0.0)
+            lengths += running
+            for i, info in final_infos.items():
+                if running[i] and "win" in info:
+                    wins[i] = bool(info["win"])
+            done = np.logical_or(terminated, truncated)
+            if max_episode_steps is not None:
+                done |= lengths >= max_episode_steps
+            running &= ~done
+    finally:
+        envs.close()
+        model.train(was_training)
+    reported = [w for w in wins if w is not None]
+    return EvaluationResult(
+        [float(r) for r in returns],
+        [int(n) for n in lengths],
+        reported if len(reported) == n_episodes else None,
+    )

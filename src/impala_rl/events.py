@@ -238,3 +238,7 @@ class RunEvents:
     @epoch_stats("mean")
     def eval_length(self, value):
         """Length of an evaluation episode."""
+
+    @epoch_stats("mean")
+    def eval_win_rate(self, value):
+        """Share of evaluation games won (envs that report ``info["win"]``, e.g. tictactoe)."""

@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from impala_rl import losses, vtrace
+from impala_rl import decisions, losses, vtrace
 from impala_rl.config import ImpalaAlgorithmConfig
 from impala_rl.nn import ActorCritic
+from impala_rl.nn.structured import StructuredActorCritic
 
 SINGLE_KEY = 0
 
@@ -91,7 +92,10 @@ class Learner:
     """Owns the trainable model and its optimizer; ``update`` runs one step on a batch."""
 
     def __init__(
-        self, model: ActorCritic, cfg: ImpalaAlgorithmConfig, device: torch.device | str = "cpu"
+        self,
+        model: ActorCritic | StructuredActorCritic,
+        cfg: ImpalaAlgorithmConfig,
+        device: torch.device | str = "cpu",
     ):
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -100,6 +104,7 @@ class Learner:
         self.num_updates = 0
         self._policy_params = list(self.model.policy_parameters())
         self._critic_params = list(self.model.critic_parameters())
+        self._structured = isinstance(model, StructuredActorCritic)
 
     def set_learning_rate(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -114,6 +119,8 @@ class Learner:
 
         ``train_policy=False`` is critic burn-in: only the baseline loss is minimised.
         """
+        if self._structured:
+            return self._update_structured(batch, train_policy)
         cfg = self.cfg
         t0 = time.perf_counter()
         obs = batch["obs"]
@@ -185,6 +192,145 @@ class Learner:
             grad_norm=grad_norm,
             vtrace_mean_rho={k: float(rhos.mean())},
             vtrace_clipped_fraction={k: clipped},
+            policy_lag=lag,
+            learning_rate=self.learning_rate,
+            timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},
+        )
+
+    def _update_structured(self, batch: dict[str, torch.Tensor], train_policy: bool) -> UpdateStats:
+        """One step on a structured batch (:mod:`impala_rl.structured_rollout`'s fields).
+
+        V-trace runs per ``(step_key, agent_id)`` over that actor's own decisions
+        (:mod:`impala_rl.decisions`); one policy loss per step key (mean over its trainable
+        decisions, all agents), one value loss per critic.
+        """
+        cfg = self.cfg
+        model: StructuredActorCritic = self.model  # type: ignore[assignment]
+        t0 = time.perf_counter()
+        step_key, agent_id = batch["step_key"], batch["agent_id"]
+        T1, B = step_key.shape
+        for k in model.step_keys:
+            obs = batch[f"obs_{k}"]
+            if obs.is_floating_point() and not bool(torch.isfinite(obs).all()):
+                raise NonFiniteError(f"observations of step key {k} contain NaN or Inf")
+        self.model.train()
+        device = step_key.device
+        zeros = torch.zeros(T1, B, device=device)
+        target_log_prob, values = zeros, zeros
+        entropy_terms: dict[int, torch.Tensor] = {}
+        for k in model.step_keys:
+            tt, bb = (step_key == k).nonzero(as_tuple=True)
+            if tt.numel() == 0:
+                continue
+            obs = batch[f"obs_{k}"][tt, bb]
+            mask_name = f"action_mask_{k}"
+            mask = batch[mask_name][tt, bb] if mask_name in batch else None
+            dist = model.policy(k, obs, mask)
+            action = batch[f"action_{k}"]
+            action = torch.cat([action, action[-1:]], dim=0)[tt, bb]
+            target_log_prob = target_log_prob.index_put((tt, bb), dist.log_prob(action))
+            ent = dist.entropy()
+            acting = tt < T1 - 1  # row T has no action
+            if bool(acting.any()):
+                entropy_terms[k] = ent[acting].mean()
+            values = values.index_put((tt, bb), model.value(k, obs))
+        t1 = time.perf_counter()
+
+        rewards = losses.clip_rewards(batch["reward"], cfg.reward_clipping)
+        episode_end = batch["terminated"] | batch["truncated"]
+        pg_sum: dict[int, torch.Tensor] = {}
+        pg_count: dict[int, int] = {}
+        v_sum: dict[int, torch.Tensor] = {}
+        v_count: dict[int, int] = {}
+        rho_sum: dict[int, float] = {}
+        clipped_sum: dict[int, float] = {}
+        rho_bar = cfg.vtrace_clip_rho_threshold
+        for k in model.step_keys:
+            c = model.critic_key(k)
+            for a in range(model.n_agents):
+                seq = decisions.decision_sequence(
+                    step_key, agent_id, rewards, episode_end, batch["actor_done"], k, a, cfg.gamma
+                )
+                if seq is None:
+                    continue
+                vt = decisions.sequence_vtrace(
+                    seq,
+                    target_log_prob,
+                    batch["behaviour_log_prob"],
+                    values,
+                    clip_rho_threshold=rho_bar,
+                    clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold,
+                    clip_c_threshold=cfg.vtrace_clip_c_threshold,
+                    lambda_=cfg.vtrace_lambda,
+                )
+                w = seq.trainable.float()
+                n = int(seq.trainable.sum())
+                logp = target_log_prob.gather(0, seq.rows)
+                v = values.gather(0, seq.rows)
+                pg = -(logp * vt.pg_advantages.detach() * w).sum()
+                vl = 0.5 * ((vt.vs.detach() - v).pow(2) * w).sum()
+                pg_sum[k] = pg_sum.get(k, 0.0) + pg  # type: ignore[assignment]
+                pg_count[k] = pg_count.get(k, 0) + n
+                v_sum[c] = v_sum.get(c, 0.0) + vl  # type: ignore[assignment]
+                v_count[c] = v_count.get(c, 0) + n
+                rhos = vt.rhos[seq.trainable]
+                rho_sum[k] = rho_sum.get(k, 0.0) + float(rhos.sum())
+                if rho_bar:
+                    clipped_sum[k] = clipped_sum.get(k, 0.0) + float(
+                        (rhos > rho_bar * (1 + 1e-5)).sum()
+                    )
+        pg_loss = {k: pg_sum[k] / max(1, pg_count[k]) for k in pg_sum}
+        value_loss = {c: v_sum[c] / max(1, v_count[c]) for c in v_sum}
+        ent_loss = {k: losses.entropy_loss(e) for k, e in entropy_terms.items()}
+        total = torch.zeros((), device=device)
+        for vl in value_loss.values():
+            total = total + cfg.value_loss_coef * vl
+        if train_policy:
+            for pg in pg_loss.values():
+                total = total + cfg.policy_loss_coef * pg
+            for el in ent_loss.values():
+                total = total + cfg.entropy_coef * el
+        if not bool(torch.isfinite(total)):
+            raise NonFiniteError(
+                f"loss is not finite (policy {[float(x) for x in pg_loss.values()]}, value "
+                f"{[float(x) for x in value_loss.values()]}); lower algorithm.lr or check the "
+                "env's rewards"
+            )
+        t2 = time.perf_counter()
+
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        policy_grad_norm = {k: _grad_norm(model.policy_parameters(k)) for k in model.step_keys}
+        critic_grad_norm = {c: _grad_norm(model.critic_parameters(c)) for c in model.critic_keys}
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        self.optimizer.step()
+        self.num_updates += 1
+        t3 = time.perf_counter()
+
+        lag = (self.num_updates - 1 - batch["policy_version"]).tolist()
+        keys = sorted(k for k in pg_loss if k in entropy_terms)
+        critics = sorted(value_loss)
+        critic_values = {}
+        for c in critics:
+            sel = torch.zeros_like(step_key, dtype=torch.bool)
+            for k in model.step_keys:
+                if model.critic_key(k) == c:
+                    sel |= step_key == k
+            critic_values[c] = float(values.detach()[sel].mean())
+        return UpdateStats(
+            total_loss=float(total.detach()),
+            policy_loss={k: float(pg_loss[k].detach()) for k in keys},
+            policy_entropy={k: float(entropy_terms[k].detach()) for k in keys},
+            policy_grad_norm={k: policy_grad_norm[k] for k in keys},
+            critic_value_loss={c: float(value_loss[c].detach()) for c in critics},
+            critic_value=critic_values,
+            critic_grad_norm={c: critic_grad_norm[c] for c in critics},
+            grad_norm=grad_norm,
+            vtrace_mean_rho={k: rho_sum[k] / max(1, pg_count[k]) for k in keys},
+            vtrace_clipped_fraction={
+                k: clipped_sum.get(k, 0.0) / max(1, pg_count[k]) for k in keys
+            },
             policy_lag=lag,
             learning_rate=self.learning_rate,
             timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},

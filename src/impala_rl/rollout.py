@@ -113,6 +113,12 @@ def torch_dtype(np_dtype: np.dtype) -> torch.dtype:
 def rollout_spec_for(
     model: ActorCritic, observation_space: gym.spaces.Box, T: int, N: int
 ) -> RolloutSpec:
+    """The slot layout for ``model``; a structured model gets its own layout
+    (:class:`impala_rl.structured_rollout.StructuredRolloutSpec`)."""
+    if not isinstance(model, ActorCritic):
+        from impala_rl.structured_rollout import structured_spec_for
+
+        return structured_spec_for(model, T, N)  # type: ignore[return-value]
     head = model.action_head
     return RolloutSpec(
         T=T,
@@ -275,3 +281,21 @@ class ActorLoop:
 
     def close(self) -> None:
         self.envs.close()
+
+
+def make_actor_loop(
+    env_factory: Callable[[], gym.Env],
+    num_envs: int,
+    model: ActorCritic,
+    seed: int,
+    unroll_length: int,
+    actor_index: int = 0,
+) -> ActorLoop:
+    """The actor loop for ``model``: :class:`ActorLoop`, or the structured-env loop."""
+    if not isinstance(model, ActorCritic):
+        from impala_rl.structured_rollout import StructuredActorLoop
+
+        return StructuredActorLoop(  # type: ignore[return-value]
+            env_factory, num_envs, model, seed, unroll_length, actor_index
+        )
+    return ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index)

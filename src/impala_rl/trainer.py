@@ -26,11 +26,12 @@ from impala_rl import checkpoint
 from impala_rl.actors import make_actors
 from impala_rl.config import RunConfig, config_from_dict, to_dict, to_yaml
 from impala_rl.envs import EnvFactory, make_env_factory
-from impala_rl.evaluation import evaluate
+from impala_rl.envs.structured import is_structured
+from impala_rl.evaluation import evaluate, evaluate_structured
 from impala_rl.events import ImpalaEvents, RunEvents
 from impala_rl.learner import Learner, NonFiniteError, scheduled_lr
 from impala_rl.nn import ActorCritic
-from impala_rl.nn.factory import build_model
+from impala_rl.nn.factory import build_model_for_env
 from impala_rl.stats import EpochStatsAggregator, EventRecorder
 from impala_rl.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter, WandbWriter
 
@@ -127,8 +128,16 @@ class Trainer:
         self.env_factory: EnvFactory = make_env_factory(cfg.env)
         probe = self.env_factory()
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
-        probe.close()
-        model = build_model(cfg.model, self.observation_space, self.action_space)
+        self.structured = is_structured(probe)
+        try:
+            model = build_model_for_env(cfg.model, probe)
+        finally:
+            probe.close()
+        self.eval_env_factory = self.env_factory
+        if cfg.env.eval_kwargs:
+            self.eval_env_factory = EnvFactory(
+                cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs}, cfg.env.max_episode_steps
+            )
         self.learner = Learner(model, cfg.algorithm, self.device)
         self.checkpoint_dir = self.run_dir / "checkpoints"
         if self.resume:
@@ -316,9 +325,9 @@ class Trainer:
     def _evaluate(self) -> float:
         cfg, ev_cfg = self.cfg, self.cfg.algorithm.rollout_evaluator
         seed = int(np.random.SeedSequence([cfg.seed, 1, self.counters.epoch]).generate_state(1)[0])
-        result = evaluate(
-            self.learner.model,
-            self.env_factory,
+        result = (evaluate_structured if self.structured else evaluate)(
+            self.learner.model,  # type: ignore[arg-type]
+            self.eval_env_factory,
             ev_cfg.n_episodes,
             deterministic=ev_cfg.deterministic,
             seed=seed,
@@ -327,6 +336,9 @@ class Trainer:
         for ret, length in zip(result.returns, result.lengths, strict=True):
             self.run_events.eval_return(ret)
             self.run_events.eval_length(length)
+        if result.wins is not None:
+            for win in result.wins:
+                self.run_events.eval_win_rate(float(win))
         return result.mean_return
 
     def _end_epoch(self, actors: Any, epoch_start: float, epoch_steps: int) -> str | None:
@@ -432,6 +444,11 @@ class Policy:
         """Action for one observation as the env returns it, or for a batch ``[N, *obs]`` of
         model-form observations; returned in the env's action format. ``last_reward`` (a
         number or ``[N]``) is the reward of the previous step, for models that read it."""
+        if not isinstance(self.model, ActorCritic):
+            raise TypeError(
+                "Policy.act serves plain Gymnasium envs; for a structured env use "
+                "policy.model.policy(step_key, obs, action_mask)"
+            )
         if self._raw_space.contains(obs) if not isinstance(obs, torch.Tensor) else False:
             x = torch.as_tensor(np.asarray(self._to_model(obs))).unsqueeze(0)
             batched = False
@@ -481,7 +498,7 @@ def load_policy(run_dir: str | Path, which: str = "best") -> Policy:
     cfg = config_from_dict(data["config"])
     env_factory = EnvFactory(cfg.env.id, cfg.env.kwargs, cfg.env.max_episode_steps)
     env = env_factory()
-    model = build_model(cfg.model, env.observation_space, env.action_space)
+    model = build_model_for_env(cfg.model, env)
     env.close()
     model.load_state_dict(data["model"])
     return Policy(model, env_factory, cfg)

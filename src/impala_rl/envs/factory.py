@@ -115,6 +115,15 @@ class EnvFactory:
                 raise EnvError(f"env.id {self.env_id!r}: {exc}") from None
             except TypeError as exc:
                 raise EnvError(f"env.kwargs for {self.env_id!r}: {exc}") from None
+        from impala_rl.envs.structured import is_structured
+
+        if is_structured(env):  # spaces per step key: the structured vector env converts them
+            if self.max_episode_steps is not None:
+                raise EnvError(
+                    f"env.max_episode_steps is not supported for the structured env "
+                    f"{self.env_id!r}; valid: null (end episodes inside the env)"
+                )
+            return env
         if self.max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env, self.max_episode_steps)
         if model_observation_space(env.observation_space) is env.observation_space:

@@ -76,11 +76,24 @@ class ActionDistribution(ABC):
 
 
 class CategoricalDistribution(ActionDistribution):
-    """Categorical over ``n`` classes from ``logits [*batch, n]``; actions ``[*batch]`` int64."""
+    """Categorical over ``n`` classes from ``logits [*batch, n]``; actions ``[*batch]`` int64.
 
-    def __init__(self, logits: Tensor) -> None:
+    ``mask [*batch, n]`` (bool, optional) marks the legal actions: illegal ones get
+    probability 0 (their logits are set to the dtype's lowest value). A row without any legal
+    action is left unmasked rather than turned into NaN.
+    """
+
+    def __init__(self, logits: Tensor, mask: Tensor | None = None) -> None:
         if logits.ndim < 1:
             raise ValueError("CategoricalDistribution needs logits with a trailing class dim")
+        if mask is not None:
+            mask = mask.to(device=logits.device, dtype=torch.bool)
+            if mask.shape != logits.shape:
+                raise ValueError(
+                    f"action mask shape {tuple(mask.shape)} != logits shape {tuple(logits.shape)}"
+                )
+            mask = mask | ~mask.any(dim=-1, keepdim=True)
+            logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
         self.logits = logits - logits.logsumexp(dim=-1, keepdim=True)
 
     @property

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 
 from impala_rl.config import ConfigError, ModelConfig
 from impala_rl.nn.actor_critic import ActorCritic
+from impala_rl.nn.structured import StructuredActorCritic
 
 
 def build_model(
@@ -28,3 +31,43 @@ def build_model(
         )
     except ValueError as exc:
         raise ConfigError(f"model (encoder={model_cfg.encoder!r}): {exc}") from None
+
+
+def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | StructuredActorCritic:
+    """:func:`build_model` for a plain env, a :class:`StructuredActorCritic` for a structured
+    one (per-key spaces as the structured vector env presents them)."""
+    from impala_rl.envs.structured import KeyObservation, check_structured_env, is_structured
+
+    if not is_structured(env):
+        return build_model(model_cfg, env.observation_space, env.action_space)
+    check_structured_env(env)
+    converters = {k: KeyObservation(s, k) for k, s in env.observation_spaces.items()}
+    unsupported = {
+        "model.core": (model_cfg.core, "none"),
+        "model.use_last_action_reward": (model_cfg.use_last_action_reward, False),
+        "model.precision": (model_cfg.precision, "fp32"),
+    }
+    for field, (value, valid) in unsupported.items():
+        if value != valid:
+            raise ConfigError(
+                f"{field}={value!r} is not supported for structured envs yet; valid: {valid!r}"
+            )
+    if model_cfg.shared_torso:
+        raise ConfigError(
+            "model.shared_torso=true is not supported for structured envs; valid: false "
+            "(policies and critics are separate networks there)"
+        )
+    try:
+        return StructuredActorCritic(
+            {k: c.space for k, c in converters.items()},
+            env.action_spaces,
+            hidden_sizes=tuple(model_cfg.hidden_sizes),
+            activation=model_cfg.activation,
+            encoder=model_cfg.encoder,
+            shared_policy=model_cfg.shared_policy,
+            critic=model_cfg.critic,
+            mask_sizes={k: c.mask_size for k, c in converters.items()},
+            n_agents=int(env.n_agents),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"model (structured env): {exc}") from None

@@ -1,0 +1,180 @@
+"""PettingZoo turn-based (AEC) environments as structured envs.
+
+``env.id=impala_rl.envs.pettingzoo:make_aec_env`` with ``env.kwargs.env`` naming the AEC env
+module (``pettingzoo.classic.tictactoe_v3``, the default). Needs ``pip install
+'impala-rl[pettingzoo]'``.
+
+Two ways to play:
+
+- ``opponent: self_play``: every seat is a learning agent (``agent_id`` = seat index), so each
+  agent's own decisions form its V-trace sequence and the rewards of the final move reach
+  both players. ``policy_per_agent: true`` gives each seat its own policy (step key = seat),
+  otherwise one policy plays every seat (step key 0; the observation is the acting player's
+  view, as PettingZoo's classic games give it).
+- ``opponent: random``: one learning agent (``agent_id`` 0) against uniformly random legal
+  moves, made inside the env. Its seat alternates from episode to episode (a reset with a seed
+  takes the seat ``seed % n_seats``). At the end of a game ``info["win"]`` says whether the
+  learner won: the evaluator reports it as ``eval_win_rate``.
+- ``opponent: mixed``: each episode is a random-opponent game with probability
+  ``random_opponent_prob`` (the learner's seat alternating), self-play otherwise; ``agent_id``
+  is the seat in both, so one agent per seat learns from both kinds of games.
+
+Observations with an ``action_mask`` keep it: the policy only picks legal moves.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+
+from impala_rl.envs.factory import EnvError
+from impala_rl.envs.structured import ActorID, StructuredEnv
+
+OPPONENTS = ("self_play", "random", "mixed")
+
+
+def _import_aec(env: str, env_kwargs: dict[str, Any]) -> Any:
+    try:
+        module = importlib.import_module(env)
+    except ImportError as exc:
+        raise EnvError(
+            f"env.kwargs.env={env!r}: cannot import it ({exc}); PettingZoo envs need "
+            "pip install 'impala-rl[pettingzoo]'"
+        ) from None
+    if not hasattr(module, "env"):
+        raise EnvError(f"env.kwargs.env={env!r} has no env() constructor (an AEC env module)")
+    return module.env(**env_kwargs)
+
+
+class AECStructuredEnv(StructuredEnv):
+    """A PettingZoo AEC env under the structured-env protocol (see the module docstring)."""
+
+    def __init__(
+        self,
+        aec_env: Any,
+        opponent: str = "self_play",
+        policy_per_agent: bool = False,
+        random_opponent_prob: float = 0.5,
+    ):
+        if opponent not in OPPONENTS:
+            raise EnvError(f"env.kwargs.opponent={opponent!r}; valid: {' | '.join(OPPONENTS)}")
+        self.aec = aec_env
+        # attribute reads through PettingZoo's wrappers cost more than a tic-tac-toe move:
+        # read the state from the raw env, step (and observe) through the wrappers
+        self._raw = getattr(aec_env, "unwrapped", aec_env)
+        self.opponent = opponent
+        self.policy_per_agent = bool(policy_per_agent)
+        self.seats = list(aec_env.possible_agents)
+        n = len(self.seats)
+        keys = range(n) if self.policy_per_agent else range(1)
+        self.observation_spaces = {k: aec_env.observation_space(self.seats[k]) for k in keys}
+        self.action_spaces = {k: aec_env.action_space(self.seats[k]) for k in keys}
+        self.observation_space = self.observation_spaces[0]
+        self.action_space = self.action_spaces[0]
+        if not 0.0 <= random_opponent_prob <= 1.0:
+            raise EnvError(
+                f"env.kwargs.random_opponent_prob={random_opponent_prob!r}; valid: [0, 1]"
+            )
+        self.random_opponent_prob = float(random_opponent_prob)
+        self.n_agents = 1 if opponent == "random" else n
+        self._vs_random = opponent == "random"
+        self._rng = np.random.default_rng()
+        self._learner_seat = n - 1  # the first reset without a seed moves it to seat 0
+        self._return = 0.0
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _seat(self) -> int:
+        return self.seats.index(self._raw.agent_selection)
+
+    def _over(self) -> bool:
+        aec = self._raw
+        if not aec.agents:
+            return True
+        return all(aec.terminations[a] or aec.truncations[a] for a in aec.agents)
+
+    def _step_aec(self, action: Any, rewards: np.ndarray) -> None:
+        """One AEC step, then dead steps for finished agents; rewards added per seat."""
+        raw = self._raw
+        self.aec.step(action)
+        self._collect(rewards)
+        while raw.agents and not self._over():
+            agent = raw.agent_selection
+            if not (raw.terminations[agent] or raw.truncations[agent]):
+                break
+            self.aec.step(None)
+            self._collect(rewards)
+
+    def _collect(self, rewards: np.ndarray) -> None:
+        for agent, r in self._raw.rewards.items():
+            rewards[self.seats.index(agent)] += float(r)
+
+    def _random_move(self) -> int:
+        agent = self._raw.agent_selection
+        obs = self.aec.observe(agent)
+        mask = obs.get("action_mask") if isinstance(obs, dict) else None
+        if mask is None:
+            return int(self.aec.action_space(agent).sample())
+        return int(self._rng.choice(np.flatnonzero(mask)))
+
+    def _play_opponents(self, rewards: np.ndarray) -> None:
+        while not self._over() and self._seat() != self._learner_seat:
+            self._step_aec(self._random_move(), rewards)
+
+    def _observation(self) -> Any:
+        agent = self._raw.agent_selection if self._raw.agents else self.seats[0]
+        return self.aec.observe(agent)
+
+    # -- the protocol ------------------------------------------------------------------------
+    def actor_id(self) -> ActorID:
+        seat = self._seat()
+        key = seat if self.policy_per_agent else 0
+        return ActorID(step_key=key, agent_id=0 if self.opponent == "random" else seat)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+            self._learner_seat = seed % len(self.seats)
+        else:
+            self._learner_seat = (self._learner_seat + 1) % len(self.seats)
+        self.aec.reset(seed=seed)
+        self._return = 0.0
+        if self.opponent == "mixed":
+            self._vs_random = bool(self._rng.random() < self.random_opponent_prob)
+        if self._vs_random:
+            rewards = np.zeros(len(self.seats))
+            self._play_opponents(rewards)
+        return self._observation(), {}
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict]:
+        rewards = np.zeros(len(self.seats))
+        self._step_aec(int(action), rewards)
+        if self._vs_random:
+            self._play_opponents(rewards)
+        info: dict[str, Any] = {}
+        over = self._over()
+        terminated = over and any(self._raw.terminations.values())
+        truncated = over and not terminated
+        if self._vs_random:
+            self._return += float(rewards[self._learner_seat])
+            if over:
+                info["win"] = self._return > 0
+        reward: Any = float(rewards[self._learner_seat]) if self.n_agents == 1 else rewards
+        return self._observation(), reward, terminated, truncated, info
+
+    def close(self) -> None:
+        self.aec.close()
+
+
+def make_aec_env(
+    env: str = "pettingzoo.classic.tictactoe_v3",
+    env_kwargs: dict[str, Any] | None = None,
+    opponent: str = "self_play",
+    policy_per_agent: bool = False,
+    random_opponent_prob: float = 0.5,
+) -> AECStructuredEnv:
+    """The AEC env ``env`` (a module with ``env(**env_kwargs)``) as a structured env."""
+    return AECStructuredEnv(
+        _import_aec(env, dict(env_kwargs or {})), opponent, policy_per_agent, random_opponent_prob
+    )

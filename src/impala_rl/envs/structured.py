@@ -1,0 +1,245 @@
+"""Structured (multi-step, multi-agent) environments: the protocol and its vector env.
+
+An environment step may be made of several **sub-steps**, each with its own observation and
+action space and its own policy (a hierarchical decision: first pick an item, then where to
+put it), or of several **agents** acting in turn. A :class:`StructuredEnv` says, before each
+sub-step, who acts: :meth:`StructuredEnv.actor_id` returns the ``step_key`` (which policy and
+which spaces) and the ``agent_id`` (whose rewards and whose decision sequence).
+
+The protocol, in Gymnasium terms:
+
+- ``observation_spaces[k]`` / ``action_spaces[k]``: the spaces of step key ``k``; the keys are
+  ``0..K-1``. ``observation_space`` / ``action_space`` are those of key 0 (for tools that
+  expect one).
+- ``n_agents``: how many agents receive rewards (1 for a hierarchical single-agent env).
+- ``reset()`` returns the observation of the first actor; ``step(action)`` takes the action of
+  the current actor and returns the observation of the **next** actor, the reward (a float
+  that every agent receives, or an array ``[n_agents]`` of per-agent rewards),
+  ``terminated`` and ``truncated`` for the whole episode, and an info dict.
+- ``actor_id()`` is the actor that acts next; ``is_actor_done()``, asked after a step, says
+  whether the actor that made that step takes no more decisions in this episode (an agent
+  eliminated while the others play on). It defaults to ``False``.
+- A ``Dict`` observation with an ``action_mask`` entry (``[n]`` of 0/1 for a ``Discrete(n)``
+  action space) restricts that sub-step's policy to the legal actions; the other entries are
+  flattened for the network.
+
+A plain Gymnasium env is not a ``StructuredEnv`` and keeps its own (unchanged) code path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from impala_rl.envs.factory import EnvError, model_observation_space
+
+ACTION_MASK = "action_mask"
+
+
+class ActorID(NamedTuple):
+    """Who acts at a sub-step: the policy / spaces (``step_key``) and the agent."""
+
+    step_key: int
+    agent_id: int
+
+
+class StructuredEnv(gym.Env):
+    """Base class of the structured-env protocol (see the module docstring).
+
+    Subclasses set ``observation_spaces``, ``action_spaces`` (dicts keyed ``0..K-1``),
+    ``n_agents``, and implement ``reset``, ``step`` and :meth:`actor_id`.
+    """
+
+    observation_spaces: dict[int, spaces.Space]
+    action_spaces: dict[int, spaces.Space]
+    n_agents: int = 1
+
+    def actor_id(self) -> ActorID:
+        """The actor that takes the next sub-step."""
+        raise NotImplementedError
+
+    def is_actor_done(self) -> bool:
+        """After a step: the actor that made it takes no more decisions this episode."""
+        return False
+
+
+def is_structured(env: Any) -> bool:
+    """Whether ``env`` implements the structured-env protocol."""
+    return isinstance(env, StructuredEnv)
+
+
+class KeyObservation:
+    """Converts one step key's observations to the model's form: a ``Box`` plus a mask.
+
+    ``space`` is the model's observation space of the key; ``mask_size`` is the number of
+    actions of its ``action_mask`` (``None`` without one).
+    """
+
+    def __init__(self, source: spaces.Space, key: int):
+        self.source = source
+        self.mask_size: int | None = None
+        rest = source
+        if isinstance(source, spaces.Dict) and ACTION_MASK in source.spaces:
+            mask_space = source.spaces[ACTION_MASK]
+            self.mask_size = int(np.prod(mask_space.shape))
+            rest = spaces.Dict({k: v for k, v in source.spaces.items() if k != ACTION_MASK})
+            if len(rest.spaces) == 1:
+                rest = next(iter(rest.spaces.values()))
+        if isinstance(rest, spaces.Dict) and not rest.spaces:
+            raise EnvError(f"observation_spaces[{key}] has nothing but an action_mask")
+        self.rest = rest
+        self.space = model_observation_space(rest)
+        self._identity = self.space is rest
+
+    def __call__(self, obs: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        mask = None
+        if self.mask_size is not None:
+            mask = np.asarray(obs[ACTION_MASK]).reshape(-1).astype(bool)
+            obs = {k: v for k, v in obs.items() if k != ACTION_MASK}
+            if isinstance(self.rest, spaces.Box) or not isinstance(self.rest, spaces.Dict):
+                obs = next(iter(obs.values()))
+        if self._identity:
+            return np.asarray(obs), mask
+        if isinstance(self.rest, spaces.Box):
+            return np.asarray(obs, dtype=np.float32).reshape(-1), mask
+        return spaces.flatten(self.rest, obs).astype(np.float32), mask
+
+
+class StructuredVectorEnv:
+    """``num_envs`` structured envs stepped in turn, with same-step autoreset.
+
+    After :meth:`reset` and every :meth:`step`, ``step_key[i]`` / ``agent_id[i]`` say who acts
+    next in env ``i`` and ``obs[k][i]`` (``[N, *o_k]``) / ``masks[k][i]`` (``[N, n_k]``) hold
+    its observation in the slot of its step key; the entries of other keys are stale.
+    """
+
+    def __init__(self, factories: Sequence[Callable[[], gym.Env]]):
+        self.envs = [factory() for factory in factories]
+        self.num_envs = n = len(self.envs)
+        first = self.envs[0]
+        check_structured_env(first)
+        self.step_keys = sorted(first.observation_spaces)
+        self.n_agents = int(first.n_agents)
+        self.key_obs = {k: KeyObservation(first.observation_spaces[k], k) for k in self.step_keys}
+        self.action_spaces = dict(first.action_spaces)
+        self.obs = {
+            k: np.zeros((n, *c.space.shape), dtype=c.space.dtype) for k, c in self.key_obs.items()
+        }
+        self.masks = {
+            k: np.ones((n, c.mask_size), dtype=bool)
+            for k, c in self.key_obs.items()
+            if c.mask_size is not None
+        }
+        self.step_key = np.zeros(n, dtype=np.int64)
+        self.agent_id = np.zeros(n, dtype=np.int64)
+        self.single_observation_space = self.key_obs[self.step_keys[0]].space
+        self.single_action_space = self.action_spaces[self.step_keys[0]]
+
+    def _write(self, i: int, obs: Any) -> None:
+        env = self.envs[i]
+        key, agent = env.actor_id()
+        if key not in self.key_obs:
+            raise EnvError(
+                f"env {i}: actor_id() returned step_key {key!r}; valid: {self.step_keys}"
+            )
+        if not 0 <= agent < self.n_agents:
+            raise EnvError(
+                f"env {i}: actor_id() returned agent_id {agent!r}; valid: 0..{self.n_agents - 1}"
+            )
+        array, mask = self.key_obs[key](obs)
+        self.obs[key][i] = array
+        if mask is not None:
+            self.masks[key][i] = mask
+        self.step_key[i] = key
+        self.agent_id[i] = agent
+
+    def reset(self, seed: int | None = None) -> None:
+        for i, env in enumerate(self.envs):
+            try:
+                obs, _ = env.reset(seed=None if seed is None else seed + i)
+                self._write(i, obs)
+            except EnvError:
+                raise
+            except Exception as exc:
+                raise EnvError(f"env {i} raised {type(exc).__name__} in reset: {exc}") from exc
+
+    def _rewards(self, i: int, reward: Any) -> np.ndarray:
+        r = np.asarray(reward, dtype=np.float64)
+        if r.ndim == 0:
+            return np.full(self.n_agents, float(r))
+        if r.shape != (self.n_agents,):
+            raise EnvError(
+                f"env {i}: step returned rewards of shape {r.shape}; valid: a float or "
+                f"an array of shape ({self.n_agents},) (one per agent)"
+            )
+        return r
+
+    def step(
+        self, actions: Sequence[Any]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[int, dict]]:
+        """Step env ``i`` with ``actions[i]`` (the action of its current actor).
+
+        Returns ``rewards [N, n_agents]``, ``terminated [N]``, ``truncated [N]``,
+        ``actor_done [N]`` (the actor that just acted is done) and the final info of every
+        env whose episode ended, by env index.
+        """
+        n = self.num_envs
+        rewards = np.zeros((n, self.n_agents), dtype=np.float64)
+        terminated = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        actor_done = np.zeros(n, dtype=bool)
+        final_infos: dict[int, dict] = {}
+        for i, env in enumerate(self.envs):
+            try:
+                obs, reward, term, trunc, info = env.step(actions[i])
+                rewards[i] = self._rewards(i, reward)
+                actor_done[i] = bool(env.is_actor_done())
+                if term or trunc:
+                    final_infos[i] = info
+                    obs, _ = env.reset()
+                self._write(i, obs)
+            except EnvError:
+                raise
+            except Exception as exc:
+                raise EnvError(f"env {i} raised {type(exc).__name__} in step: {exc}") from exc
+            terminated[i] = term
+            truncated[i] = trunc
+        return rewards, terminated, truncated, actor_done, final_infos
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def check_structured_env(env: Any) -> None:
+    """Raise :class:`EnvError` naming what is wrong with a structured env's declarations."""
+    name = type(env).__name__
+    obs_spaces = getattr(env, "observation_spaces", None)
+    act_spaces = getattr(env, "action_spaces", None)
+    if not isinstance(obs_spaces, dict) or not isinstance(act_spaces, dict) or not obs_spaces:
+        raise EnvError(
+            f"{name}: a StructuredEnv needs observation_spaces and action_spaces dicts keyed by "
+            "step key"
+        )
+    keys = sorted(obs_spaces)
+    if keys != list(range(len(keys))) or sorted(act_spaces) != keys:
+        raise EnvError(
+            f"{name}: step keys must be 0..K-1 in both observation_spaces and action_spaces, "
+            f"got {sorted(obs_spaces)} and {sorted(act_spaces)}"
+        )
+    if int(getattr(env, "n_agents", 1)) < 1:
+        raise EnvError(f"{name}: n_agents must be >= 1, got {env.n_agents!r}")
+    for k in keys:
+        converter = KeyObservation(obs_spaces[k], k)
+        if converter.mask_size is not None and not (
+            isinstance(act_spaces[k], spaces.Discrete)
+            and int(act_spaces[k].n) == converter.mask_size
+        ):
+            raise EnvError(
+                f"{name}: step key {k} has an action_mask of {converter.mask_size} entries; "
+                f"it needs a Discrete({converter.mask_size}) action space, got {act_spaces[k]}"
+            )
