@@ -115,6 +115,7 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, resume: bool = False):
         self.cfg = cfg
+        self._config_dict = to_dict(cfg)  # written into every checkpoint; converting costs ms
         self.run_dir = Path(run_dir or cfg.log.run_dir or default_run_dir(cfg))
         self.resume = resume
         self.counters = Counters()
@@ -176,7 +177,7 @@ class Trainer:
             "optimizer": self.learner.optimizer.state_dict(),
             "counters": dict(self.counters.__dict__),
             "rng": checkpoint.rng_state(),
-            "config": to_dict(self.cfg),
+            "config": self._config_dict,
         }
 
     def save_checkpoint(self) -> None:
@@ -187,7 +188,7 @@ class Trainer:
             {
                 "format": checkpoint.CHECKPOINT_FORMAT,
                 "model": self.learner.model.state_dict(),
-                "config": to_dict(self.cfg),
+                "config": self._config_dict,
                 "counters": dict(self.counters.__dict__),
             },
             self.checkpoint_dir / "best.pt",
