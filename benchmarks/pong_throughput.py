@@ -2,10 +2,11 @@
 
 Prints
 
-1. the per-step costs, each timed alone on one thread: a preprocessed Pong env step
-   (frame skip 4), acting (the Nature CNN's policy forward per observation, at the batch of
-   one actor's envs, 8) and learning (forward, backward and RMSProp per sample at the
-   preset's unroll x batch, 80 x 8);
+1. the per-step costs, each timed alone on one thread: a preprocessed Pong env step (frame
+   skip 4) in one actor's vector env of 8 (ale-py's C++ one with the preset's
+   ``env.kwargs.vector=ale``), acting (the Nature CNN's policy forward per observation, at
+   the batch of one actor's envs) and learning (forward, backward and RMSProp per sample at
+   the preset's unroll x batch, 80 x 8);
 2. the compute bound: 2 cores / (env + acting + learning per step);
 3. training env steps/s (and frames/s = 4x) of the ``pong`` preset (unroll 80, batch 8: one
    actor of 8 envs) for ``--seconds`` seconds (actor start-up excluded: the rate is taken
@@ -13,6 +14,7 @@ Prints
 
     python benchmarks/pong_throughput.py                 # 60 s of training
     python benchmarks/pong_throughput.py --seconds 20 runner.backend=sequential
+    python benchmarks/pong_throughput.py env.kwargs.vector=python   # Gymnasium's wrappers
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import impala_rl
 from impala_rl.config import load_config
-from impala_rl.envs import EnvFactory
+from impala_rl.envs import EnvFactory, make_vector_env
 from impala_rl.learner import Learner
 from impala_rl.nn.factory import build_model
 
@@ -50,17 +53,19 @@ def per_step_costs(overrides: list[str]) -> dict[str, float]:
     cfg = load_config("pong", overrides)
     factory = EnvFactory(cfg.env.id, cfg.env.kwargs)
     env = factory()
-    env.reset(seed=0)
-
-    def env_steps(n: int = 200) -> None:
-        for _ in range(n):
-            _, _, term, trunc, _ = env.step(env.action_space.sample())
-            if term or trunc:
-                env.reset()
-
-    env_s = _median_time(env_steps, 5) / 200
-    model = build_model(cfg.model, env.observation_space, env.action_space)
     n = cfg.algorithm.envs_per_actor
+    envs = make_vector_env(factory, n)  # as one actor steps them (env.kwargs.vector)
+    envs.reset(seed=0)
+
+    actions = np.random.default_rng(0).integers(0, envs.single_action_space.n, (25, n))
+
+    def env_steps(repeats: int = 25) -> None:
+        for t in range(repeats):
+            envs.step(actions[t])
+
+    env_s = _median_time(env_steps, 5) / (25 * n)
+    envs.close()
+    model = build_model(cfg.model, env.observation_space, env.action_space)
     obs = torch.randint(0, 256, (n, *env.observation_space.shape), dtype=torch.uint8)
 
     def act() -> None:
@@ -91,7 +96,7 @@ def training_rate(seconds: float, overrides: list[str]) -> tuple[float, dict]:
         summary = impala_rl.train(
             "pong",
             [
-                "algorithm.epoch_length=5",
+                "algorithm.epoch_length=20",  # evaluation (a new env) once per 12.8k steps
                 "algorithm.rollout_evaluator.n_episodes=1",
                 "algorithm.rollout_evaluator.max_episode_steps=1",
                 "target_return=null",

@@ -18,7 +18,7 @@ from impala_rl.rollout import ActorLoop, rollout_spec_for
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
-from impala_rl.envs import EnvFactory  # noqa: E402
+from impala_rl.envs import EnvError, EnvFactory, make_vector_env  # noqa: E402
 
 ATARI = "impala_rl.envs.atari:make_atari_env"
 
@@ -107,3 +107,69 @@ def test_short_pong_run_completes_with_all_events(tmp_path):
     ):
         assert name in row and np.isfinite(row[name]), name
     assert load_config("pong").model.encoder == "nature_cnn"
+
+
+def _ale_factory(**kwargs) -> EnvFactory:
+    return EnvFactory(ATARI, {"game": "ALE/Pong-v5", "vector": "ale", **kwargs})
+
+
+def test_ale_vector_env_matches_the_python_env_and_autoresets_on_the_same_step():
+    python_env = EnvFactory(ATARI, {"game": "ALE/Pong-v5"})()
+    # 120 frames = 30 agent steps per episode: every env is cut at step 30
+    envs = make_vector_env(_ale_factory(max_episode_frames=120), 3)
+    try:
+        assert envs.single_observation_space == python_env.observation_space
+        assert envs.single_action_space == python_env.action_space
+        first, _ = envs.reset(seed=2**32 - 1)  # actor seeds span 32 bits
+        again, _ = envs.reset(seed=2**32 - 1)
+        assert first.dtype == np.uint8 and first.shape == (3, 4, 84, 84)
+        np.testing.assert_array_equal(first, again)  # seeded
+        ended = None
+        for step in range(1, 40):
+            obs, reward, term, trunc, info = envs.step(np.zeros(3, dtype=np.int64))
+            if (term | trunc).any():
+                ended = step
+                break
+        assert ended is not None and ended <= 31, "the frame limit did not end the episodes"
+        done = np.flatnonzero(term | trunc)
+        # the step that ends an episode returns the next episode's first frame and keeps the
+        # final one in info, as SameStepVectorEnv does
+        assert info["final_obs"].shape == (3, 4, 84, 84)
+        for i in done:
+            assert not np.array_equal(info["final_obs"][i], obs[i])
+            assert not obs[i][:3].any()  # a fresh frame stack: the older frames are zero
+    finally:
+        envs.close()
+        python_env.close()
+
+
+def test_ale_vector_env_in_the_actor_loop_records_cut_episodes():
+    factory = _ale_factory(max_episode_frames=120)
+    probe = factory()
+    cfg = load_config("pong")
+    model = ActorCritic(probe.observation_space, probe.action_space, encoder="nature_cnn")
+    loop = ActorLoop(factory, 2, model, seed=3, unroll_length=40)
+    try:
+        assert type(loop.envs).__name__ != "SameStepVectorEnv"
+        slot = rollout_spec_for(model, probe.observation_space, 40, 2).allocate()
+        result = loop.unroll(slot)
+    finally:
+        loop.close()
+        probe.close()
+    cut = slot["truncated"] | slot["terminated"]
+    assert cut.any(dim=0).all(), "every env ends an episode within 40 steps"
+    t, n = np.argwhere(cut.numpy())[0]
+    assert slot["first"][t + 1, n] and len(result.episode_returns) >= 2
+    assert slot["obs"].dtype == torch.uint8
+    assert cfg.env.kwargs["vector"] == "ale"  # the preset uses it
+
+
+def test_ale_vector_options_are_checked_by_name():
+    with pytest.raises(EnvError, match=r"env.kwargs.vector='envpool'.*valid: python \| ale"):
+        EnvFactory(ATARI, {"vector": "envpool"})()
+    with pytest.raises(EnvError, match="env.kwargs.vector_threads=0"):
+        make_vector_env(_ale_factory(vector_threads=0), 2)
+    with pytest.raises(EnvError, match="env.max_episode_steps cannot limit"):
+        make_vector_env(
+            EnvFactory(ATARI, {"game": "ALE/Pong-v5", "vector": "ale"}, max_episode_steps=10), 2
+        )

@@ -2,9 +2,17 @@
 
 Use it as ``env.id=impala_rl.envs.atari:make_atari_env`` with ``env.kwargs.game=ALE/Pong-v5``.
 Observations are ``uint8 [frame_stack, 84, 84]`` and stay ``uint8`` up to the network.
+
+``env.kwargs.vector`` picks how an actor steps its envs: ``python`` (Gymnasium's wrappers, one
+env after the other) or ``ale`` (ale-py's C++ vector env with the same preprocessing and
+same-step autoreset, ``env.kwargs.vector_threads`` threads per actor; ~20% cheaper per step on
+one thread).
 """
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 import gymnasium as gym
 
@@ -21,10 +29,15 @@ def make_atari_env(
     repeat_action_probability: float = 0.25,
     full_action_space: bool = False,
     max_episode_frames: int = 108_000,
+    vector: str = "python",
+    vector_threads: int = 1,
 ) -> gym.Env:
     """An ALE game with noop resets, frame skip with max-pooling over the last two frames,
     grayscale ``screen_size`` x ``screen_size`` frames, a stack of ``frame_stack`` frames,
-    optional episodic life, and v5's sticky actions (``repeat_action_probability``)."""
+    optional episodic life, and v5's sticky actions (``repeat_action_probability``).
+
+    ``vector`` and ``vector_threads`` only matter to :func:`make_atari_vector_env`."""
+    _check_vector(vector, vector_threads)
     try:
         import ale_py
     except ImportError:
@@ -51,3 +64,83 @@ def make_atari_env(
         scale_obs=False,
     )
     return gym.wrappers.FrameStackObservation(env, frame_stack)
+
+
+VECTOR_BACKENDS = ("python", "ale")
+
+
+def _check_vector(vector: str, vector_threads: int) -> None:
+    if vector not in VECTOR_BACKENDS:
+        raise EnvError(
+            f"env.kwargs.vector={vector!r} is not valid; valid: {' | '.join(VECTOR_BACKENDS)}"
+        )
+    if not (isinstance(vector_threads, int) and vector_threads >= 1):
+        raise EnvError(f"env.kwargs.vector_threads={vector_threads!r}: an integer >= 1")
+
+
+def ale_rom_id(game: str) -> str:
+    """ale-py's ROM id for a Gymnasium id: ``ALE/SpaceInvaders-v5`` -> ``space_invaders``."""
+    name = game.split("/")[-1].split("-")[0]
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def make_atari_vector_env(
+    num_envs: int,
+    game: str = "ALE/Pong-v5",
+    frame_skip: int = 4,
+    screen_size: int = 84,
+    frame_stack: int = 4,
+    noop_max: int = 30,
+    terminal_on_life_loss: bool = False,
+    repeat_action_probability: float = 0.25,
+    full_action_space: bool = False,
+    max_episode_frames: int = 108_000,
+    vector: str = "python",
+    vector_threads: int = 1,
+) -> Any:
+    """``num_envs`` envs as ale-py's C++ vector env (``vector=ale``) with the preprocessing of
+    :func:`make_atari_env` and same-step autoreset (the final observation in
+    ``info["final_obs"]``), or ``None`` for ``vector=python``."""
+    _check_vector(vector, vector_threads)
+    if vector == "python":
+        return None
+    try:
+        from ale_py.vector_env import AtariVectorEnv
+    except ImportError:
+        raise EnvError(
+            "env.kwargs.vector=ale needs ale-py >= 0.10: pip install 'impala-rl[atari]'"
+        ) from None
+
+    class SeededAtariVectorEnv(AtariVectorEnv):
+        """ale-py's seeds are C ints: an int seed is folded into their range."""
+
+        def reset(self, *, seed: Any = None, options: Any = None) -> Any:
+            if isinstance(seed, int):
+                seed %= 2**31 - 1 - self.num_envs
+            return super().reset(seed=seed, options=options)
+
+    try:
+        return SeededAtariVectorEnv(
+            ale_rom_id(game),
+            num_envs,
+            num_threads=min(vector_threads, num_envs),
+            autoreset_mode="SameStep",
+            max_num_frames_per_episode=max_episode_frames,
+            repeat_action_probability=repeat_action_probability,
+            full_action_space=full_action_space,
+            img_height=screen_size,
+            img_width=screen_size,
+            grayscale=True,
+            stack_num=frame_stack,
+            frameskip=frame_skip,
+            maxpool=True,
+            noop_max=noop_max,
+            episodic_life=terminal_on_life_loss,
+            reward_clipping=False,  # the learner clips (algorithm.reward_clipping)
+            use_fire_reset=False,  # as Gymnasium's AtariPreprocessing
+        )
+    except (RuntimeError, ValueError) as exc:
+        raise EnvError(f"env.kwargs.game={game!r} with env.kwargs.vector=ale: {exc}") from None
+
+
+make_atari_env.make_vector = make_atari_vector_env  # type: ignore[attr-defined]

@@ -130,6 +130,27 @@ class EnvFactory:
             return env
         return ModelObservation(env)
 
+    def make_vector(self, num_envs: int) -> Any:
+        """A native vector env of ``num_envs`` copies when the env's callable offers one (a
+        ``make_vector`` attribute, e.g. Atari with ``env.kwargs.vector=ale``), else ``None``.
+
+        It must autoreset on the same step and put final observations in
+        ``info["final_obs"]``, as :class:`~impala_rl.envs.vector.SameStepVectorEnv` does.
+        """
+        if ":" not in self.env_id:
+            return None
+        make = getattr(_import_callable(self.env_id), "make_vector", None)
+        if make is None:
+            return None
+        envs = make(num_envs, **self.kwargs)
+        if envs is not None and self.max_episode_steps is not None:
+            envs.close()
+            raise EnvError(
+                f"env.max_episode_steps cannot limit the native vector env of {self.env_id!r}; "
+                "valid: null (use the factory's own limit, e.g. env.kwargs.max_episode_frames)"
+            )
+        return envs
+
     def __repr__(self) -> str:
         return f"EnvFactory({self.env_id!r}, kwargs={self.kwargs!r})"
 
@@ -147,7 +168,8 @@ def make_env_factory(env_cfg: Any) -> EnvFactory:
 
 
 def make_vector_env(factory: Callable[[], gym.Env], num_envs: int) -> Any:
-    """A synchronous vector env with same-step autoreset.
+    """A synchronous vector env with same-step autoreset (the factory's native one if it has
+    one, see :meth:`EnvFactory.make_vector`).
 
     On the step that ends an episode the env returns the next episode's first observation and
     puts the final one in ``info["final_obs"]``, which truncation needs for its bootstrap.
@@ -155,4 +177,8 @@ def make_vector_env(factory: Callable[[], gym.Env], num_envs: int) -> Any:
     """
     from impala_rl.envs.vector import SameStepVectorEnv
 
+    make_vector = getattr(factory, "make_vector", None)
+    envs = make_vector(num_envs) if make_vector is not None else None
+    if envs is not None:
+        return envs
     return SameStepVectorEnv([factory] * num_envs)
