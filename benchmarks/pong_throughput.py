@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from precision import batch_for, median_time  # benchmarks/precision.py (same folder)
 
 import impala_rl
 from impala_rl.config import load_config
@@ -36,16 +35,6 @@ from impala_rl.learner import Learner
 from impala_rl.nn.factory import build_model
 
 CORES = 2
-
-
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def per_step_costs(overrides: list[str]) -> dict[str, float]:
@@ -63,7 +52,7 @@ def per_step_costs(overrides: list[str]) -> dict[str, float]:
         for t in range(repeats):
             envs.step(actions[t])
 
-    env_s = _median_time(env_steps, 5) / (25 * n)
+    env_s = median_time(env_steps, 5) / (25 * n)
     envs.close()
     model = build_model(cfg.model, env.observation_space, env.action_space)
     obs = torch.randint(0, 256, (n, *env.observation_space.shape), dtype=torch.uint8)
@@ -72,21 +61,12 @@ def per_step_costs(overrides: list[str]) -> dict[str, float]:
         with torch.inference_mode():
             model.policy(obs).sample()
 
-    act_s = _median_time(act, 20) / n
+    act_s = median_time(act, 20) / n
     T = cfg.algorithm.n_rollout_steps
     B = cfg.algorithm.envs_per_actor * cfg.algorithm.actors_batch_size
     learner = Learner(model, cfg.algorithm)
-    batch = {
-        "obs": torch.randint(0, 256, (T + 1, B, *env.observation_space.shape), dtype=torch.uint8),
-        "action": torch.randint(0, env.action_space.n, (T, B)),
-        "behaviour_log_prob": torch.full((T, B), -1.8),
-        "reward": torch.zeros(T, B),
-        "terminated": torch.zeros(T, B, dtype=torch.bool),
-        "truncated": torch.zeros(T, B, dtype=torch.bool),
-        "truncation_value": torch.zeros(T, B),
-        "policy_version": torch.zeros(B, dtype=torch.int64),
-    }
-    learn_s = _median_time(lambda: learner.update(batch), 3) / (T * B)
+    batch = batch_for(T, B, env.observation_space.shape, int(env.action_space.n))
+    learn_s = median_time(lambda: learner.update(batch), 3) / (T * B)
     env.close()
     return {"env": env_s, "act": act_s, "learn": learn_s}
 
