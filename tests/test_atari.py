@@ -165,6 +165,8 @@ def test_ale_vector_env_in_the_actor_loop_records_cut_episodes():
 
 
 def test_ale_vector_options_are_checked_by_name():
+    with pytest.raises(EnvError, match=r"env.kwargs \['gmae'\] are not Atari settings.*'game'"):
+        EnvFactory(ATARI, {"gmae": "ALE/Pong-v5"})()
     with pytest.raises(EnvError, match=r"env.kwargs.vector='envpool'.*valid: python \| ale"):
         EnvFactory(ATARI, {"vector": "envpool"})()
     with pytest.raises(EnvError, match="env.kwargs.vector_threads=0"):

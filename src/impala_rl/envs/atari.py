@@ -11,6 +11,7 @@ one thread).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -18,26 +19,49 @@ import gymnasium as gym
 
 from impala_rl.envs.factory import EnvError
 
+VECTOR_BACKENDS = ("python", "ale")
 
-def make_atari_env(
-    game: str = "ALE/Pong-v5",
-    frame_skip: int = 4,
-    screen_size: int = 84,
-    frame_stack: int = 4,
-    noop_max: int = 30,
-    terminal_on_life_loss: bool = False,
-    repeat_action_probability: float = 0.25,
-    full_action_space: bool = False,
-    max_episode_frames: int = 108_000,
-    vector: str = "python",
-    vector_threads: int = 1,
-) -> gym.Env:
-    """An ALE game with noop resets, frame skip with max-pooling over the last two frames,
-    grayscale ``screen_size`` x ``screen_size`` frames, a stack of ``frame_stack`` frames,
-    optional episodic life, and v5's sticky actions (``repeat_action_probability``).
 
-    ``vector`` and ``vector_threads`` only matter to :func:`make_atari_vector_env`."""
-    _check_vector(vector, vector_threads)
+@dataclasses.dataclass(frozen=True)
+class AtariSettings:
+    """``env.kwargs`` of :func:`make_atari_env` and :func:`make_atari_vector_env`: an ALE game
+    with noop resets, frame skip with max-pooling over the last two frames, grayscale
+    ``screen_size`` x ``screen_size`` frames, a stack of ``frame_stack`` frames, optional
+    episodic life, and v5's sticky actions (``repeat_action_probability``)."""
+
+    game: str = "ALE/Pong-v5"
+    frame_skip: int = 4
+    screen_size: int = 84
+    frame_stack: int = 4
+    noop_max: int = 30
+    terminal_on_life_loss: bool = False
+    repeat_action_probability: float = 0.25
+    full_action_space: bool = False
+    max_episode_frames: int = 108_000
+    vector: str = "python"  # how an actor steps its envs: python | ale
+    vector_threads: int = 1  # threads of the ale vector env per actor
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> AtariSettings:
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise EnvError(f"env.kwargs {unknown} are not Atari settings; valid: {names}")
+        settings = cls(**kwargs)
+        if settings.vector not in VECTOR_BACKENDS:
+            raise EnvError(
+                f"env.kwargs.vector={settings.vector!r} is not valid; valid: "
+                + " | ".join(VECTOR_BACKENDS)
+            )
+        threads = settings.vector_threads
+        if not (isinstance(threads, int) and threads >= 1):
+            raise EnvError(f"env.kwargs.vector_threads={threads!r}: an integer >= 1")
+        return settings
+
+
+def make_atari_env(**kwargs: Any) -> gym.Env:
+    """One Atari env as Gymnasium wrappers, with the :class:`AtariSettings` in ``kwargs``."""
+    cfg = AtariSettings.from_kwargs(kwargs)
     try:
         import ale_py
     except ImportError:
@@ -45,37 +69,25 @@ def make_atari_env(
     gym.register_envs(ale_py)
     try:
         env = gym.make(
-            game,
+            cfg.game,
             frameskip=1,  # AtariPreprocessing skips frames and max-pools
-            repeat_action_probability=repeat_action_probability,
-            full_action_space=full_action_space,
-            max_num_frames_per_episode=max_episode_frames,
+            repeat_action_probability=cfg.repeat_action_probability,
+            full_action_space=cfg.full_action_space,
+            max_num_frames_per_episode=cfg.max_episode_frames,
             disable_env_checker=True,
         )
     except gym.error.Error as exc:
-        raise EnvError(f"env.kwargs.game={game!r}: {exc}") from None
+        raise EnvError(f"env.kwargs.game={cfg.game!r}: {exc}") from None
     env = gym.wrappers.AtariPreprocessing(
         env,
-        noop_max=noop_max,
-        frame_skip=frame_skip,
-        screen_size=screen_size,
-        terminal_on_life_loss=terminal_on_life_loss,
+        noop_max=cfg.noop_max,
+        frame_skip=cfg.frame_skip,
+        screen_size=cfg.screen_size,
+        terminal_on_life_loss=cfg.terminal_on_life_loss,
         grayscale_obs=True,
         scale_obs=False,
     )
-    return gym.wrappers.FrameStackObservation(env, frame_stack)
-
-
-VECTOR_BACKENDS = ("python", "ale")
-
-
-def _check_vector(vector: str, vector_threads: int) -> None:
-    if vector not in VECTOR_BACKENDS:
-        raise EnvError(
-            f"env.kwargs.vector={vector!r} is not valid; valid: {' | '.join(VECTOR_BACKENDS)}"
-        )
-    if not (isinstance(vector_threads, int) and vector_threads >= 1):
-        raise EnvError(f"env.kwargs.vector_threads={vector_threads!r}: an integer >= 1")
+    return gym.wrappers.FrameStackObservation(env, cfg.frame_stack)
 
 
 def ale_rom_id(game: str) -> str:
@@ -84,25 +96,12 @@ def ale_rom_id(game: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-def make_atari_vector_env(
-    num_envs: int,
-    game: str = "ALE/Pong-v5",
-    frame_skip: int = 4,
-    screen_size: int = 84,
-    frame_stack: int = 4,
-    noop_max: int = 30,
-    terminal_on_life_loss: bool = False,
-    repeat_action_probability: float = 0.25,
-    full_action_space: bool = False,
-    max_episode_frames: int = 108_000,
-    vector: str = "python",
-    vector_threads: int = 1,
-) -> Any:
+def make_atari_vector_env(num_envs: int, **kwargs: Any) -> Any:
     """``num_envs`` envs as ale-py's C++ vector env (``vector=ale``) with the preprocessing of
     :func:`make_atari_env` and same-step autoreset (the final observation in
     ``info["final_obs"]``), or ``None`` for ``vector=python``."""
-    _check_vector(vector, vector_threads)
-    if vector == "python":
+    cfg = AtariSettings.from_kwargs(kwargs)
+    if cfg.vector == "python":
         return None
     try:
         from ale_py.vector_env import AtariVectorEnv
@@ -121,26 +120,26 @@ def make_atari_vector_env(
 
     try:
         return SeededAtariVectorEnv(
-            ale_rom_id(game),
+            ale_rom_id(cfg.game),
             num_envs,
-            num_threads=min(vector_threads, num_envs),
+            num_threads=min(cfg.vector_threads, num_envs),
             autoreset_mode="SameStep",
-            max_num_frames_per_episode=max_episode_frames,
-            repeat_action_probability=repeat_action_probability,
-            full_action_space=full_action_space,
-            img_height=screen_size,
-            img_width=screen_size,
+            max_num_frames_per_episode=cfg.max_episode_frames,
+            repeat_action_probability=cfg.repeat_action_probability,
+            full_action_space=cfg.full_action_space,
+            img_height=cfg.screen_size,
+            img_width=cfg.screen_size,
             grayscale=True,
-            stack_num=frame_stack,
-            frameskip=frame_skip,
+            stack_num=cfg.frame_stack,
+            frameskip=cfg.frame_skip,
             maxpool=True,
-            noop_max=noop_max,
-            episodic_life=terminal_on_life_loss,
+            noop_max=cfg.noop_max,
+            episodic_life=cfg.terminal_on_life_loss,
             reward_clipping=False,  # the learner clips (algorithm.reward_clipping)
             use_fire_reset=False,  # as Gymnasium's AtariPreprocessing
         )
     except (RuntimeError, ValueError) as exc:
-        raise EnvError(f"env.kwargs.game={game!r} with env.kwargs.vector=ale: {exc}") from None
+        raise EnvError(f"env.kwargs.game={cfg.game!r} with env.kwargs.vector=ale: {exc}") from None
 
 
 make_atari_env.make_vector = make_atari_vector_env  # type: ignore[attr-defined]
