@@ -141,6 +141,27 @@ class UnrollResult:
     env_steps: int
 
 
+class EpisodeTracker:
+    """Each env's running episode return and length; :meth:`step` collects finished ones."""
+
+    def __init__(self, num_envs: int):
+        self.ret = np.zeros(num_envs, dtype=np.float64)
+        self.length = np.zeros(num_envs, dtype=np.int64)
+
+    def step(
+        self, reward: np.ndarray, done: np.ndarray, returns: list[float], lengths: list[int]
+    ) -> None:
+        """Add one step's ``reward [N]``; append the episodes that ``done [N]`` ends."""
+        self.ret += reward
+        self.length += 1
+        if done.any():
+            for i in np.flatnonzero(done):
+                returns.append(float(self.ret[i]))
+                lengths.append(int(self.length[i]))
+            self.ret[done] = 0.0
+            self.length[done] = 0
+
+
 class ActorLoop:
     """One actor: a vector env of ``num_envs`` envs and a CPU copy of the policy.
 
@@ -168,8 +189,7 @@ class ActorLoop:
         obs, _ = self.envs.reset(seed=seed)
         self.obs = torch.as_tensor(obs)
         self.first = np.ones(num_envs, dtype=bool)
-        self.ep_return = np.zeros(num_envs, dtype=np.float64)
-        self.ep_length = np.zeros(num_envs, dtype=np.int64)
+        self.episodes = EpisodeTracker(num_envs)
         # Carried across steps and unrolls for models that read more than observations.
         self.core_state = model.initial_state(num_envs)
         head = model.action_head
@@ -252,15 +272,8 @@ class ActorLoop:
                     done_t.reshape(-1, *([1] * (action.ndim - 1))), 0
                 )
                 self.last_reward = np.where(done_t.numpy(), 0.0, rewards[t]).astype(np.float32)
-            self.ep_return += reward
-            self.ep_length += 1
             done = np.logical_or(term, trunc)
-            if done.any():
-                for i in np.flatnonzero(done):
-                    returns.append(float(self.ep_return[i]))
-                    lengths.append(int(self.ep_length[i]))
-                self.ep_return[done] = 0.0
-                self.ep_length[done] = 0
+            self.episodes.step(reward, done, returns, lengths)
             self.first = done
             self.obs = torch.as_tensor(obs)
         obs_slot[T] = self.obs

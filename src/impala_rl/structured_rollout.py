@@ -35,7 +35,7 @@ import torch
 
 from impala_rl.envs.structured import StructuredVectorEnv
 from impala_rl.nn.structured import StructuredActorCritic
-from impala_rl.rollout import UnrollResult, torch_dtype
+from impala_rl.rollout import EpisodeTracker, UnrollResult, torch_dtype
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,7 @@ class StructuredActorLoop:
         self.generator = torch.Generator().manual_seed(seed)
         self.envs.reset(seed=seed)
         self.first = np.ones(num_envs, dtype=bool)
-        self.ep_return = np.zeros(num_envs, dtype=np.float64)
-        self.ep_length = np.zeros(num_envs, dtype=np.int64)
+        self.episodes = EpisodeTracker(num_envs)
 
     def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Take new weights; only ever called between unrolls."""
@@ -188,15 +187,8 @@ class StructuredActorLoop:
             terminated[t] = term
             truncated[t] = trunc
             actor_done[t] = done_actor
-            self.ep_return += reward[:, 0]
-            self.ep_length += 1
             done = np.logical_or(term, trunc)
-            if done.any():
-                for i in np.flatnonzero(done):
-                    returns.append(float(self.ep_return[i]))
-                    lengths.append(int(self.ep_length[i]))
-                self.ep_return[done] = 0.0
-                self.ep_length[done] = 0
+            self.episodes.step(reward[:, 0], done, returns, lengths)
             self.first = done
         step_key[T], agent_id[T], first[T] = envs.step_key, envs.agent_id, self.first
         self._record_row(slot, T)
