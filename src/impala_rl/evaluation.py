@@ -121,8 +121,9 @@ def evaluate_structured(
                 mask_t = None if mask is None else torch.as_tensor(mask[idx], device=device)
                 dist = model.policy(k, obs, mask_t)
                 action = dist.mode() if deterministic else dist.sample(generator)
+                env_actions = model.action_head(k).to_env(action.cpu())
                 for j, i in enumerate(idx):
-                    actions[i] = model.action_head(k).to_env(action.cpu())[j]
+                    actions[i] = env_actions[j]
             reward, terminated, truncated, _, final_infos = envs.step(actions)
             returns += np.where(running, reward[:, 0], 0.0)
             lengths += running

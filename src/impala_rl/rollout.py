@@ -141,6 +141,16 @@ class UnrollResult:
     env_steps: int
 
 
+def write_staged(
+    slot: dict[str, torch.Tensor], staged: dict[str, np.ndarray], version: int, actor_index: int
+) -> None:
+    """Copy an unroll's numpy-staged columns into ``slot`` and stamp its version and actor."""
+    for key, values in staged.items():
+        slot[key].copy_(torch.from_numpy(values))
+    slot["policy_version"].fill_(version)
+    slot["actor_index"].fill_(actor_index)
+
+
 class EpisodeTracker:
     """Each env's running episode return and length; :meth:`step` collects finished ones."""
 
@@ -266,13 +276,13 @@ class ActorLoop:
                 else:
                     value = model.value(final)
                 trunc_values[t, idx] = value.float().numpy()
+            done = np.logical_or(term, trunc)
             if with_last:
-                done_t = torch.from_numpy(np.logical_or(term, trunc))
+                done_t = torch.from_numpy(done)
                 self.last_action = action.masked_fill(
                     done_t.reshape(-1, *([1] * (action.ndim - 1))), 0
                 )
-                self.last_reward = np.where(done_t.numpy(), 0.0, rewards[t]).astype(np.float32)
-            done = np.logical_or(term, trunc)
+                self.last_reward = np.where(done, 0.0, rewards[t]).astype(np.float32)
             self.episodes.step(reward, done, returns, lengths)
             self.first = done
             self.obs = torch.as_tensor(obs)
@@ -283,13 +293,14 @@ class ActorLoop:
             last_action_slot[T] = self.last_action
             last_rewards[T] = self.last_reward
             slot["last_reward"].copy_(torch.from_numpy(last_rewards))
-        slot["first"].copy_(torch.from_numpy(first))
-        slot["reward"].copy_(torch.from_numpy(rewards))
-        slot["terminated"].copy_(torch.from_numpy(terminated))
-        slot["truncated"].copy_(torch.from_numpy(truncated))
-        slot["truncation_value"].copy_(torch.from_numpy(trunc_values))
-        slot["policy_version"].fill_(self.policy_version)
-        slot["actor_index"].fill_(self.actor_index)
+        staged = {
+            "first": first,
+            "reward": rewards,
+            "terminated": terminated,
+            "truncated": truncated,
+            "truncation_value": trunc_values,
+        }
+        write_staged(slot, staged, self.policy_version, self.actor_index)
         return UnrollResult(returns, lengths, T * N)
 
     def close(self) -> None:

@@ -35,7 +35,7 @@ import torch
 
 from impala_rl.envs.structured import StructuredVectorEnv
 from impala_rl.nn.structured import StructuredActorCritic
-from impala_rl.rollout import EpisodeTracker, UnrollResult, torch_dtype
+from impala_rl.rollout import EpisodeTracker, UnrollResult, torch_dtype, write_staged
 
 
 @dataclass(frozen=True)
@@ -192,16 +192,17 @@ class StructuredActorLoop:
             self.first = done
         step_key[T], agent_id[T], first[T] = envs.step_key, envs.agent_id, self.first
         self._record_row(slot, T)
-        slot["step_key"].copy_(torch.from_numpy(step_key))
-        slot["agent_id"].copy_(torch.from_numpy(agent_id))
-        slot["first"].copy_(torch.from_numpy(first))
-        slot["behaviour_log_prob"].copy_(torch.from_numpy(log_probs))
-        slot["reward"].copy_(torch.from_numpy(rewards))
-        slot["terminated"].copy_(torch.from_numpy(terminated))
-        slot["truncated"].copy_(torch.from_numpy(truncated))
-        slot["actor_done"].copy_(torch.from_numpy(actor_done))
-        slot["policy_version"].fill_(self.policy_version)
-        slot["actor_index"].fill_(self.actor_index)
+        staged = {
+            "step_key": step_key,
+            "agent_id": agent_id,
+            "first": first,
+            "behaviour_log_prob": log_probs,
+            "reward": rewards,
+            "terminated": terminated,
+            "truncated": truncated,
+            "actor_done": actor_done,
+        }
+        write_staged(slot, staged, self.policy_version, self.actor_index)
         return UnrollResult(returns, lengths, T * N)
 
     def close(self) -> None:
