@@ -53,6 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--render", action="store_true", help="show the env (render_mode=human)")
     ev.add_argument("--which", choices=("best", "last"), default="best")
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument(
+        "--max-episode-steps",
+        type=int,
+        help="cut episodes after this many steps (default: the run's "
+        "algorithm.rollout_evaluator.max_episode_steps)",
+    )
     plot = sub.add_parser("plot", help="draw runs' metrics.jsonl into a PNG")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs to overlay")
     plot.add_argument(
@@ -104,7 +110,12 @@ def _eval(args: argparse.Namespace) -> int:
 
     if args.episodes < 1:
         raise _UsageError("--episodes must be >= 1")
+    if args.max_episode_steps is not None and args.max_episode_steps < 1:
+        raise _UsageError("--max-episode-steps must be >= 1")
     policy = load_policy(Path(args.run_dir), args.which)
+    max_steps = args.max_episode_steps
+    if max_steps is None:
+        max_steps = policy.config.algorithm.rollout_evaluator.max_episode_steps
     env_cfg = policy.config.env
     kwargs = {**env_cfg.kwargs, **env_cfg.eval_kwargs}
     if args.render:
@@ -121,6 +132,7 @@ def _eval(args: argparse.Namespace) -> int:
             min(n_parallel, args.episodes - len(returns)),
             deterministic=not args.stochastic,
             seed=args.seed + len(returns),
+            max_episode_steps=max_steps,
         )
         returns += result.returns
         wins += result.wins or []

@@ -7,6 +7,7 @@ changing this flow.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ SINGLE_KEY = 0
 
 
 class NonFiniteError(FloatingPointError):
-    """A NaN or Inf in the observations or the loss: training cannot go on."""
+    """A NaN or Inf in the observations, the loss or the gradients: training cannot go on."""
 
 
 @dataclass
@@ -44,18 +45,38 @@ class UpdateStats:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def make_optimizer(model: torch.nn.Module, cfg: ImpalaAlgorithmConfig) -> torch.optim.Optimizer:
+def optimizer_settings(cfg: ImpalaAlgorithmConfig) -> dict[str, Any]:
+    """The configured optimizer's hyperparameters besides the learning rate."""
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(
-            model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.optimizer_eps
-        )
-    return torch.optim.RMSprop(
-        model.parameters(),
-        lr=cfg.lr,
-        alpha=cfg.rmsprop_alpha,
-        eps=cfg.optimizer_eps,
-        momentum=cfg.rmsprop_momentum,
-    )
+        return {"betas": tuple(cfg.adam_betas), "eps": cfg.optimizer_eps}
+    return {"alpha": cfg.rmsprop_alpha, "eps": cfg.optimizer_eps, "momentum": cfg.rmsprop_momentum}
+
+
+def make_optimizer(model: torch.nn.Module, cfg: ImpalaAlgorithmConfig) -> torch.optim.Optimizer:
+    kind = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.RMSprop
+    return kind(model.parameters(), lr=cfg.lr, **optimizer_settings(cfg))
+
+
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, state: dict[str, Any], cfg: ImpalaAlgorithmConfig
+) -> None:
+    """Restore a saved optimizer state under the *current* config's hyperparameters.
+
+    ``Optimizer.load_state_dict`` also restores the saved hyperparameters, which would silently
+    drop overrides given on resume (``adam_betas``, ``optimizer_eps``, ``rmsprop_alpha``,
+    ``rmsprop_momentum``). Momentum switched on at resume starts from zero, as in a fresh run.
+    """
+    optimizer.load_state_dict(state)
+    settings = optimizer_settings(cfg)
+    for group in optimizer.param_groups:
+        group.update(settings)
+        if group.get("momentum", 0) > 0:
+            for p in group["params"]:
+                param_state = optimizer.state.get(p)
+                if param_state and "momentum_buffer" not in param_state:
+                    param_state["momentum_buffer"] = torch.zeros_like(
+                        p, memory_format=torch.preserve_format
+                    )
 
 
 def scheduled_lr(cfg: ImpalaAlgorithmConfig, env_steps: int, max_env_steps: int | None) -> float:
@@ -72,6 +93,22 @@ def _grad_norm(params: list[torch.nn.Parameter]) -> float:
     if not norms:
         return 0.0
     return float(torch.linalg.vector_norm(torch.stack(norms)))
+
+
+def clip_gradients(model: torch.nn.Module, max_grad_norm: float | None) -> float:
+    """Clip the gradients' global norm in place; returns the norm before clipping.
+
+    A finite loss can still have an Inf or NaN gradient, and clipping would turn it into NaN
+    weights at the optimizer step, so a non-finite norm raises before any step is taken.
+    """
+    max_norm = max_grad_norm if max_grad_norm else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    if not math.isfinite(grad_norm):
+        raise NonFiniteError(
+            f"gradient norm is {grad_norm} with a finite loss; no step was taken. Lower "
+            "algorithm.lr, set algorithm.max_grad_norm, or check the env's observations"
+        )
+    return grad_norm
 
 
 def model_inputs(model: ActorCritic, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -169,8 +206,7 @@ class Learner:
         total.backward()
         policy_grad_norm = _grad_norm(self._policy_params)
         critic_grad_norm = _grad_norm(self._critic_params)
-        max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        grad_norm = clip_gradients(self.model, cfg.max_grad_norm)
         self.optimizer.step()
         self.num_updates += 1
         t3 = time.perf_counter()
@@ -302,8 +338,7 @@ class Learner:
         total.backward()
         policy_grad_norm = {k: _grad_norm(model.policy_parameters(k)) for k in model.step_keys}
         critic_grad_norm = {c: _grad_norm(model.critic_parameters(c)) for c in model.critic_keys}
-        max_norm = cfg.max_grad_norm if cfg.max_grad_norm else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        grad_norm = clip_gradients(self.model, cfg.max_grad_norm)
         self.optimizer.step()
         self.num_updates += 1
         t3 = time.perf_counter()

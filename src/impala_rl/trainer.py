@@ -24,12 +24,12 @@ import torch
 
 from impala_rl import checkpoint
 from impala_rl.actors import make_actors
-from impala_rl.config import RunConfig, config_from_dict, to_dict, to_yaml
+from impala_rl.config import ConfigError, RunConfig, config_from_dict, to_dict, to_yaml
 from impala_rl.envs import EnvFactory, make_env_factory
 from impala_rl.envs.structured import is_structured
 from impala_rl.evaluation import evaluate, evaluate_structured
 from impala_rl.events import ImpalaEvents, RunEvents
-from impala_rl.learner import Learner, NonFiniteError, scheduled_lr
+from impala_rl.learner import Learner, NonFiniteError, load_optimizer_state, scheduled_lr
 from impala_rl.nn import ActorCritic
 from impala_rl.nn.factory import build_model_for_env
 from impala_rl.stats import EpochStatsAggregator, EventRecorder
@@ -93,6 +93,9 @@ def _stop_on_signals(flag: dict[str, bool]):
 
     def handler(signum: int, frame: Any) -> None:
         if flag["stop"]:
+            if flag["in_step"]:  # abort once the step's state is consistent (see _one_step)
+                flag["abort"] = True
+                return
             raise KeyboardInterrupt
         flag["stop"] = True
         log.warning("stopping after this update (press Ctrl-C again to abort)")
@@ -164,16 +167,48 @@ class Trainer:
 
     def _load_last(self) -> None:
         data = checkpoint.load(self.checkpoint_dir / "last.pt")
+        trained_with = data["config"]["algorithm"]["optimizer"]
+        if trained_with != self.cfg.algorithm.optimizer:
+            raise ConfigError(
+                f"algorithm.optimizer={self.cfg.algorithm.optimizer!r} on resume, but the run "
+                f"was trained with {trained_with!r}: its optimizer state cannot carry over; "
+                "resume without this override or start a new run"
+            )
         self.learner.model.load_state_dict(data["model"])
-        self.learner.optimizer.load_state_dict(data["optimizer"])
+        load_optimizer_state(self.learner.optimizer, data["optimizer"], self.cfg.algorithm)
         self.counters = Counters(**data["counters"])
         self.learner.num_updates = self.counters.updates
         checkpoint.set_rng_state(data["rng"])
+        # best.pt can be newer than last.pt (a hard kill between the two): its return is the
+        # one a later model must beat, else a worse model would overwrite the true best.
+        best_path = self.checkpoint_dir / "best.pt"
+        if best_path.is_file():
+            best = checkpoint.load(best_path)["counters"]
+            self.counters.best_eval_return = best["best_eval_return"]
+            if best["epoch"] > self.counters.epoch:
+                self.counters.epochs_without_improvement = 0
+
+    def _finite_model_state(self) -> dict[str, torch.Tensor]:
+        """The model's state dict; refuses to hand out non-finite weights for saving."""
+        state = self.learner.model.state_dict()
+        if not all(bool(torch.isfinite(t).all()) for t in state.values() if t.is_floating_point()):
+            raise NonFiniteError(
+                "the model's weights are not finite; the last good checkpoint is kept"
+            )
+        return state
+
+    def _actor_seed(self) -> int:
+        """The actors' seed: ``seed`` for a new run; on resume also the progress, so a resumed
+        run does not replay the first run's env and sampling streams."""
+        if self.counters.env_steps == 0:
+            return self.cfg.seed
+        seq = np.random.SeedSequence([self.cfg.seed, self.counters.env_steps])
+        return int(seq.generate_state(1)[0])
 
     def _checkpoint_payload(self) -> dict[str, Any]:
         return {
             "format": checkpoint.CHECKPOINT_FORMAT,
-            "model": self.learner.model.state_dict(),
+            "model": self._finite_model_state(),
             "optimizer": self.learner.optimizer.state_dict(),
             "counters": dict(self.counters.__dict__),
             "rng": checkpoint.rng_state(),
@@ -187,7 +222,7 @@ class Trainer:
         checkpoint.save_atomic(
             {
                 "format": checkpoint.CHECKPOINT_FORMAT,
-                "model": self.learner.model.state_dict(),
+                "model": self._finite_model_state(),
                 "config": self._config_dict,
                 "counters": dict(self.counters.__dict__),
             },
@@ -198,10 +233,10 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         self._build()
         cfg, c = self.cfg, self.counters
-        self._stop_flag = {"stop": False}
+        self._stop_flag = {"stop": False, "in_step": False, "abort": False}
         stopped_because: str | None = None
         error: BaseException | None = None
-        actors = make_actors(cfg, self.env_factory, self.learner.model)
+        actors = make_actors(cfg, self.env_factory, self.learner.model, seed=self._actor_seed())
         actors.policy_version = self.learner.num_updates
         self.recent_returns: deque[float] = deque(maxlen=100)
         self._start_wall = time.perf_counter() - c.wall_time_s
@@ -257,11 +292,13 @@ class Trainer:
         t0 = time.perf_counter()
         collected = actors.collect_outputs(self.device)
         t_collected = time.perf_counter()
-        stats = self.learner.update(collected.batch, train_policy=train_policy)
-        actors.broadcast_updated_policy(self.learner.model.state_dict())
-        c.updates = self.learner.num_updates
-        c.env_steps += collected.env_steps
-        self.learner.set_learning_rate(scheduled_lr(cfg.algorithm, c.env_steps, cfg.max_env_steps))
+        with self._one_step():
+            stats = self.learner.update(collected.batch, train_policy=train_policy)
+            actors.broadcast_updated_policy(self.learner.model.state_dict())
+            c.updates = self.learner.num_updates
+            c.env_steps += collected.env_steps
+            lr = scheduled_lr(cfg.algorithm, c.env_steps, cfg.max_env_steps)
+            self.learner.set_learning_rate(lr)
         t_end = time.perf_counter()
         self._record_update(stats, collected, t_collected - t0, t_end - t0)
         self.recent_returns.extend(actors.recent_returns_since_last_call())
@@ -276,6 +313,19 @@ class Trainer:
                 c.epoch,
             )
         return collected.env_steps
+
+    @contextmanager
+    def _one_step(self):
+        """The optimizer step and the counters move together: a second Ctrl-C landing in
+        between is held until both have moved, so the final checkpoint is never torn."""
+        flag = self._stop_flag
+        flag["in_step"] = True
+        try:
+            yield
+        finally:
+            flag["in_step"] = False
+        if flag["abort"]:
+            raise KeyboardInterrupt
 
     def _budget_or_signal_stop(self, signal_only: bool = False) -> str | None:
         cfg, c = self.cfg, self.counters
@@ -347,18 +397,22 @@ class Trainer:
         cfg, alg, c = self.cfg, self.cfg.algorithm, self.counters
         mean_return = self._evaluate()
         c.last_eval_return = mean_return
-        if mean_return > c.best_eval_return:
-            c.best_eval_return = mean_return
-            c.epochs_without_improvement = 0
-            self._save_best()
-        else:
-            c.epochs_without_improvement += 1
+        # Burn-in epochs evaluate an untrained policy: no best model, no patience, no target.
+        policy_trained = c.epoch > alg.critic_burn_in_epochs
+        if policy_trained:
+            if mean_return > c.best_eval_return:
+                c.best_eval_return = mean_return
+                c.epochs_without_improvement = 0
+                self._save_best()
+            else:
+                c.epochs_without_improvement += 1
         self._write_epoch_stats(actors, epoch_start, epoch_steps)
-        if cfg.target_return is not None and mean_return >= cfg.target_return:
+        reached = cfg.target_return is not None and mean_return >= cfg.target_return
+        if policy_trained and reached:
             return "target_return"
         if alg.n_epochs > 0 and c.epoch >= alg.n_epochs:
             return "n_epochs"
-        if alg.patience > 0 and c.epochs_without_improvement >= alg.patience:
+        if policy_trained and alg.patience > 0 and c.epochs_without_improvement >= alg.patience:
             return "patience"
         return None
 

@@ -13,22 +13,26 @@ from impala_rl.nn import ActorCritic
 
 
 def make_actors(
-    cfg: RunConfig, env_factory: Callable[[], gym.Env], model: ActorCritic
+    cfg: RunConfig,
+    env_factory: Callable[[], gym.Env],
+    model: ActorCritic,
+    seed: int | None = None,
 ) -> DistributedActors:
-    """The backend ``runner.backend`` names."""
+    """The backend ``runner.backend`` names; ``seed`` (default ``cfg.seed``) seeds the actors."""
     backend = cfg.runner.backend
+    seed = cfg.seed if seed is None else seed
     if backend == "sequential":
-        return SequentialDistributedActors(env_factory, model, cfg.algorithm, cfg.seed)
+        return SequentialDistributedActors(env_factory, model, cfg.algorithm, seed)
     if backend == "subprocess":
         from impala_rl.actors.subprocess import SubprocessDistributedActors
 
         return SubprocessDistributedActors(
-            env_factory, model, cfg.algorithm, cfg.seed, runner=cfg.runner
+            env_factory, model, cfg.algorithm, seed, runner=cfg.runner
         )
     if backend == "ray":
         from impala_rl.actors.ray import RayDistributedActors  # imports ray (optional)
 
-        return RayDistributedActors(env_factory, model, cfg.algorithm, cfg.seed, runner=cfg.runner)
+        return RayDistributedActors(env_factory, model, cfg.algorithm, seed, runner=cfg.runner)
     raise NotImplementedError(
         f"runner.backend={backend!r} is not available; valid: sequential | subprocess | ray"
     )

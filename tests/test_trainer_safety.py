@@ -1,0 +1,345 @@
+"""The trainer keeps its promises under awkward settings and faults: burn-in and patience,
+non-finite gradients, a second Ctrl-C, hard kills and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from impala_rl import checkpoint
+from impala_rl import trainer as trainer_mod
+from impala_rl.config import ConfigError, load_config
+from impala_rl.learner import Learner, NonFiniteError
+from impala_rl.trainer import Trainer, load_run_config
+from test_cli import _cmd, _env, _impala, _process_group
+from test_trainer import FAST, STEPS_PER_UPDATE, _read_summary, _train
+
+# Every evaluation of CartPole capped at 5 steps returns exactly 5.0 (it cannot fail sooner).
+FLAT_EVAL = ["algorithm.rollout_evaluator.max_episode_steps=5", "target_return=null"]
+
+
+def _resume(run_dir: Path, *overrides: str) -> Trainer:
+    trainer = Trainer(load_run_config(run_dir, list(overrides)), run_dir=run_dir, resume=True)
+    trainer.train()
+    return trainer
+
+
+# -- critic burn-in ------------------------------------------------------------------------------
+
+
+def test_burn_in_epochs_count_neither_towards_patience_nor_the_best_model(tmp_path):
+    summary = _train(
+        tmp_path,
+        *FLAT_EVAL,
+        "algorithm.lr=1e-9",
+        "algorithm.n_epochs=20",
+        "algorithm.epoch_length=1",
+        "algorithm.patience=2",
+        "algorithm.critic_burn_in_epochs=5",
+    )
+    # Epoch 6 is the first with a policy update: it sets the best, 7 and 8 do not beat it.
+    assert summary["stopped_because"] == "patience"
+    assert summary["epochs"] == 5 + 1 + 2
+    best = checkpoint.load(tmp_path / "checkpoints" / "best.pt")
+    assert best["counters"]["epoch"] == 6
+    assert best["counters"]["best_eval_return"] == 5.0
+
+
+def test_burn_in_epochs_do_not_stop_at_the_target_return(tmp_path):
+    summary = _train(
+        tmp_path,
+        "target_return=0",
+        "algorithm.n_epochs=10",
+        "algorithm.epoch_length=1",
+        "algorithm.critic_burn_in_epochs=2",
+    )
+    assert summary["stopped_because"] == "target_return"
+    assert summary["epochs"] == 3
+
+
+# -- non-finite gradients ------------------------------------------------------------------------
+
+
+def test_an_inf_gradient_with_a_finite_loss_stops_before_the_step(tmp_path, monkeypatch):
+    """From the third update on, one critic weight's gradient is Inf while the loss is finite:
+    no optimizer step is taken, the run stops with a clear error and last.pt stays the last
+    good one (epoch 1, finite weights)."""
+    learners: list[Learner] = []
+
+    class InfGradientLearner(Learner):
+        def __init__(self, model, *args, **kwargs):
+            super().__init__(model, *args, **kwargs)
+            learners.append(self)
+            weight = next(iter(model.critic_parameters()))
+            weight.register_hook(
+                lambda g: torch.full_like(g, float("inf")) if self.num_updates >= 2 else g
+            )
+
+    monkeypatch.setattr(trainer_mod, "Learner", InfGradientLearner)
+    with pytest.raises(NonFiniteError, match="gradient norm is"):
+        _train(tmp_path, "algorithm.n_epochs=5", "algorithm.epoch_length=2")
+    summary = _read_summary(tmp_path)
+    assert summary["stopped_because"] == "error"
+    assert summary["updates"] == 2
+    model = learners[0].model
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    last = checkpoint.load(tmp_path / "checkpoints" / "last.pt")
+    assert last["counters"]["epoch"] == 1 and last["counters"]["updates"] == 2
+    assert all(bool(torch.isfinite(t).all()) for t in last["model"].values())
+
+
+def test_non_finite_weights_are_never_saved(tmp_path):
+    trainer = Trainer(load_config("cartpole", [*FAST, "algorithm.n_epochs=1"]), run_dir=tmp_path)
+    trainer.train()
+    before = (tmp_path / "checkpoints" / "last.pt").read_bytes()
+    with torch.no_grad():
+        next(iter(trainer.learner.model.parameters())).fill_(float("nan"))
+    with pytest.raises(NonFiniteError, match="not finite"):
+        trainer.save_checkpoint()
+    assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == before
+
+
+# -- a second Ctrl-C -----------------------------------------------------------------------------
+
+
+def test_a_second_interrupt_right_after_the_optimizer_step_saves_a_consistent_checkpoint(
+    tmp_path, monkeypatch
+):
+    """Two SIGINTs arrive just after the third optimizer step, before the learner and the
+    trainer have counted it: the final checkpoint must count exactly the steps its weights have.
+    """
+    learners: list[Learner] = []
+
+    class InterruptedLearner(Learner):
+        def __init__(self, model, *args, **kwargs):
+            super().__init__(model, *args, **kwargs)
+            learners.append(self)
+            self.steps_taken = 0
+            step = self.optimizer.step
+
+            def step_then_interrupt(*a, **k):
+                out = step(*a, **k)
+                self.steps_taken += 1
+                if self.steps_taken == 3:
+                    for _ in range(2):
+                        os.kill(os.getpid(), signal.SIGINT)
+                        time.sleep(0.05)  # the handler runs before the next statement
+                return out
+
+            self.optimizer.step = step_then_interrupt
+
+    monkeypatch.setattr(trainer_mod, "Learner", InterruptedLearner)
+    summary = _train(tmp_path, "algorithm.n_epochs=5", "algorithm.epoch_length=2")
+    learner = learners[0]
+    assert summary["stopped_because"] == "interrupted"
+    assert learner.steps_taken == 3
+    last = checkpoint.load(tmp_path / "checkpoints" / "last.pt")
+    assert last["counters"]["updates"] == 3
+    assert last["counters"]["env_steps"] == 3 * STEPS_PER_UPDATE
+    state = learner.model.state_dict()
+    assert all(torch.equal(last["model"][k], state[k]) for k in state)
+
+
+# -- resume ---------------------------------------------------------------------------------------
+
+
+def test_resume_keeps_the_best_return_of_best_pt_when_last_pt_is_older(tmp_path, monkeypatch):
+    """A hard kill can leave last.pt older than best.pt (best is written first, and last only
+    every ``checkpoint_every_epochs``). The resumed run must still have to beat best.pt's return.
+    """
+    scripted: dict[int, float] = {}
+    monkeypatch.setattr(Trainer, "_evaluate", lambda self: scripted[self.counters.epoch])
+    common = ["algorithm.epoch_length=1", "target_return=null"]
+    scripted.update({1: 10.0})
+    _train(tmp_path, *common, "algorithm.n_epochs=1")
+    last = tmp_path / "checkpoints" / "last.pt"
+    shutil.copy(last, tmp_path / "epoch1.pt")
+
+    scripted.update({2: 30.0, 3: 20.0})
+    _resume(tmp_path, "algorithm.n_epochs=3")
+    assert checkpoint.load(tmp_path / "checkpoints" / "best.pt")["counters"]["epoch"] == 2
+
+    shutil.copy(tmp_path / "epoch1.pt", last)  # the kill: last.pt is still epoch 1's
+    scripted.update({2: 25.0, 3: 15.0})
+    trainer = _resume(tmp_path, "algorithm.n_epochs=3")
+    best = checkpoint.load(tmp_path / "checkpoints" / "best.pt")["counters"]
+    assert best["epoch"] == 2 and best["best_eval_return"] == 30.0
+    assert trainer.counters.best_eval_return == 30.0
+    assert _read_summary(tmp_path)["best_eval_return"] == 30.0
+
+
+def test_resume_does_not_replay_the_first_runs_env_streams(tmp_path, monkeypatch):
+    first_rows: list[torch.Tensor] = []
+    update = Learner.update
+
+    def recording_update(self, batch, train_policy=True):
+        first_rows.append(batch["obs"][0].clone())
+        return update(self, batch, train_policy=train_policy)
+
+    monkeypatch.setattr(Learner, "update", recording_update)
+    _train(tmp_path, "algorithm.n_epochs=1", "algorithm.epoch_length=1")
+    _resume(tmp_path, "algorithm.n_epochs=2")
+    assert len(first_rows) == 2
+    # Both rows are the actors' first observations after their envs' reset.
+    assert not torch.equal(first_rows[0], first_rows[1])
+
+    # A new run with the same seed does replay them: runs stay reproducible.
+    _train(tmp_path / "again", "algorithm.n_epochs=1", "algorithm.epoch_length=1")
+    assert torch.equal(first_rows[0], first_rows[2])
+
+
+def test_optimizer_overrides_on_resume_are_applied(tmp_path):
+    _train(tmp_path, "algorithm.n_epochs=1", "algorithm.epoch_length=1")
+    trainer = _resume(
+        tmp_path,
+        "algorithm.n_epochs=2",
+        "algorithm.adam_betas=[0.5,0.9]",
+        "algorithm.optimizer_eps=1e-5",
+    )
+    group = trainer.learner.optimizer.param_groups[0]
+    assert tuple(group["betas"]) == (0.5, 0.9)
+    assert group["eps"] == 1e-5
+    assert trainer.counters.epoch == 2
+
+
+def test_rmsprop_momentum_switched_on_at_resume_starts_from_zero(tmp_path):
+    _train(
+        tmp_path, "algorithm.n_epochs=1", "algorithm.epoch_length=1", "algorithm.optimizer=rmsprop"
+    )
+    trainer = _resume(
+        tmp_path,
+        "algorithm.n_epochs=2",
+        "algorithm.rmsprop_alpha=0.9",
+        "algorithm.rmsprop_momentum=0.5",
+    )
+    group = trainer.learner.optimizer.param_groups[0]
+    assert (group["alpha"], group["momentum"]) == (0.9, 0.5)
+    assert trainer.counters.updates == 2
+
+
+def test_changing_the_optimizer_on_resume_is_refused_by_name(tmp_path):
+    _train(tmp_path, "algorithm.n_epochs=1", "algorithm.epoch_length=1")
+    with pytest.raises(ConfigError, match=r"algorithm\.optimizer='rmsprop'.*'adam'"):
+        _resume(tmp_path, "algorithm.n_epochs=2", "algorithm.optimizer=rmsprop")
+    assert checkpoint.load(tmp_path / "checkpoints" / "last.pt")["counters"]["epoch"] == 1
+
+
+# -- impala eval ---------------------------------------------------------------------------------
+
+
+def test_eval_honours_the_evaluators_max_episode_steps(tmp_path):
+    _train(tmp_path / "run", "algorithm.n_epochs=1", "algorithm.epoch_length=1", *FLAT_EVAL)
+    proc = _impala("eval", str(tmp_path / "run"), "--episodes", "3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["max_return"] == 5.0
+    proc = _impala(
+        "eval", str(tmp_path / "run"), "--episodes", "3", "--max-episode-steps", "7", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["max_return"] == 7.0
+
+
+# -- hard kills ----------------------------------------------------------------------------------
+
+
+def _wait_for_epoch(last: Path, proc: subprocess.Popen, epoch: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        if last.is_file() and checkpoint.load(last)["counters"]["epoch"] >= epoch:
+            return
+        assert time.monotonic() < deadline, f"no checkpoint of epoch {epoch} in {timeout} s"
+        time.sleep(0.05)
+
+
+def _wait_for_no_processes(pgid: int, timeout: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while _process_group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _process_group(pgid)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_sigkill_mid_epoch_twice_then_resume_only_moves_forward(tmp_path):
+    """The trainer (subprocess actors) is SIGKILLed mid-epoch twice and resumed each time; the
+    counters, the best return and best.pt stay consistent and never move backwards, and the
+    actor processes of a killed trainer do not outlive it."""
+    run_dir = tmp_path / "run"
+    last = run_dir / "checkpoints" / "last.pt"
+    settings = [
+        "log.console=false",
+        "log.tensorboard=false",
+        "target_return=null",
+        "algorithm.n_epochs=1000",
+        "algorithm.epoch_length=6",
+        "algorithm.rollout_evaluator.n_episodes=2",
+    ]
+    commands = [
+        ["train", "cartpole", "--run-dir", str(run_dir), *settings],
+        ["train", "--resume", str(run_dir)],
+    ]
+    seen: list[dict] = []
+    for attempt in range(2):
+        proc = subprocess.Popen(
+            _cmd(*commands[min(attempt, 1)]),
+            cwd=tmp_path,
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            target = (seen[-1]["last"]["epoch"] if seen else 0) + 2
+            _wait_for_epoch(last, proc, target)
+            time.sleep(0.2)  # into the next epoch
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+            assert _wait_for_no_processes(proc.pid) == [], "actors outlived the killed trainer"
+        finally:
+            if proc.poll() is None or _process_group(proc.pid):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        seen.append(
+            {
+                "last": checkpoint.load(last)["counters"],
+                "best": checkpoint.load(run_dir / "checkpoints" / "best.pt")["counters"],
+            }
+        )
+    final_epochs = seen[-1]["last"]["epoch"] + 2
+    proc = subprocess.run(
+        _cmd("train", "--resume", str(run_dir), f"algorithm.n_epochs={final_epochs}"),
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    seen.append(
+        {
+            "last": checkpoint.load(last)["counters"],
+            "best": checkpoint.load(run_dir / "checkpoints" / "best.pt")["counters"],
+        }
+    )
+    assert summary["epochs"] == final_epochs == seen[-1]["last"]["epoch"]
+    for key in ("epoch", "updates", "env_steps", "episodes", "wall_time_s"):
+        values = [s["last"][key] for s in seen]
+        assert values == sorted(values) and len(set(values)) == len(values), (key, values)
+    best_returns = [s["best"]["best_eval_return"] for s in seen]
+    assert best_returns == sorted(best_returns)
+    for s in seen:  # best.pt is written just before last.pt: a kill can fall in between
+        assert s["best"]["best_eval_return"] >= s["last"]["best_eval_return"]
+        assert s["best"]["epoch"] <= s["last"]["epoch"] + 1
+    assert summary["best_eval_return"] == best_returns[-1]
+    assert np.isfinite(best_returns[-1])
