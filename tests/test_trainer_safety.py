@@ -343,3 +343,30 @@ def test_sigkill_mid_epoch_twice_then_resume_only_moves_forward(tmp_path):
         assert s["best"]["epoch"] <= s["last"]["epoch"] + 1
     assert summary["best_eval_return"] == best_returns[-1]
     assert np.isfinite(best_returns[-1])
+
+
+def test_restored_optimizer_state_keeps_the_channels_last_layout(tmp_path):
+    """A resumed run's optimizer moments must be laid out like its (channels-last) parameters,
+    or every later step pays for a layout conversion."""
+    import gymnasium as gym
+
+    from impala_rl.learner import load_optimizer_state
+    from impala_rl.nn.factory import build_model
+
+    cfg = load_config("pong")
+    spaces = (gym.spaces.Box(0, 255, (4, 84, 84), dtype=np.uint8), gym.spaces.Discrete(6))
+    learners = [Learner(build_model(cfg.model, *spaces), cfg.algorithm) for _ in range(2)]
+    for p in learners[0].model.parameters():
+        p.grad = torch.ones_like(p)
+    learners[0].optimizer.step()
+    path = tmp_path / "last.pt"
+    state = {
+        "format": checkpoint.CHECKPOINT_FORMAT,
+        "optimizer": learners[0].optimizer.state_dict(),
+    }
+    checkpoint.save_atomic(state, path)
+    load_optimizer_state(learners[1].optimizer, checkpoint.load(path)["optimizer"], cfg.algorithm)
+    conv = [p for p in learners[1].model.parameters() if p.ndim == 4]
+    assert conv and all(p.is_contiguous(memory_format=torch.channels_last) for p in conv)
+    for p in learners[1].model.parameters():
+        assert learners[1].optimizer.state[p]["square_avg"].stride() == p.stride()
