@@ -27,7 +27,7 @@ import impala_rl
 from deadlines import alarm_deadline, time_limit, wait_until  # noqa: E402
 from impala_rl.actors import ActorError, DistributedActors, SequentialDistributedActors
 from impala_rl.actors.subprocess import SubprocessDistributedActors
-from impala_rl.config import ImpalaAlgorithmConfig, ModelConfig, RunnerConfig
+from impala_rl.config import ConfigError, ImpalaAlgorithmConfig, ModelConfig, RunnerConfig
 from impala_rl.envs import EnvFactory
 from impala_rl.nn.factory import build_model
 
@@ -242,7 +242,13 @@ def test_max_policy_lag_drops_stale_rollouts():
     assert dropped > 0
 
 
-@pytest.mark.parametrize("factor", [1.0, 1.5])
+@pytest.mark.parametrize("backend", ["sequential", "subprocess"])
+def test_backends_refuse_a_queue_smaller_than_a_batch_when_built_without_validation(backend):
+    with pytest.raises(ConfigError, match="algorithm.queue_out_of_sync_factor"):
+        make_actors(backend, queue_out_of_sync_factor=0.4, actors_batch_size=2)
+
+
+@pytest.mark.parametrize("factor", [0.6, 1.0, 1.5])
 def test_queue_is_bounded_while_the_learner_sleeps(factor):
     batch_size = 2
     actors = make_actors(

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from impala_rl.config import ImpalaAlgorithmConfig
+from impala_rl.config import ImpalaAlgorithmConfig, check_queue_out_of_sync_factor
 from impala_rl.events import ActorEvents
 from impala_rl.nn import ActorCritic
 from impala_rl.rollout import RolloutSpec, UnrollResult, rollout_spec_for
@@ -60,6 +60,7 @@ class DistributedActors(abc.ABC):
         cfg: ImpalaAlgorithmConfig,
         seed: int,
     ):
+        check_queue_out_of_sync_factor(cfg)
         self.env_factory = env_factory
         self.cfg = cfg
         self.seed = seed

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
-from impala_rl.config import ConfigError
+from impala_rl.config import ConfigError, max_waiting_rollouts
 from impala_rl.rollout import RolloutSpec, UnrollResult, make_actor_loop, rollout_spec_for
 
 INSTALL_HINT = "pip install 'impala-rl[ray]'"
@@ -202,9 +202,7 @@ class RayDistributedActors(DistributedActors):
             self._batch_spec = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size)
             self._batch = self._batch_spec.allocate()
             self._batch_arrays = {k: v.numpy() for k, v in self._batch.items()}
-            self.max_waiting = max(
-                1, math.ceil(cfg.queue_out_of_sync_factor * cfg.actors_batch_size)
-            )
+            self.max_waiting = max_waiting_rollouts(cfg)
             self._remote_class = ray.remote(RolloutWorker)
             self._weights_ref = ray.put(_numpy_state(self._template.state_dict()))
             self._ready: collections.deque[tuple[dict[str, np.ndarray], int]] = collections.deque()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import math
 import multiprocessing as mp
 import os
 import pickle
@@ -41,6 +40,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
+from impala_rl.config import max_waiting_rollouts
 from impala_rl.rollout import RolloutSpec, UnrollResult, column_block, make_actor_loop
 
 POLL_S = 0.05
@@ -205,7 +205,7 @@ class SubprocessDistributedActors(DistributedActors):
         probe = self.env_factory()
         spec: RolloutSpec = self.spec(probe.observation_space)
         probe.close()
-        self.max_waiting = max(1, math.ceil(cfg.queue_out_of_sync_factor * cfg.actors_batch_size))
+        self.max_waiting = max_waiting_rollouts(cfg)
         n_slots = self.max_waiting + cfg.num_actors + cfg.actors_batch_size
         self.slots = [spec.allocate(share_memory=True) for _ in range(n_slots)]
         self._batch_spec = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size)
