@@ -93,7 +93,7 @@ class ImpalaAlgorithmConfig:
     device: str = "cpu"
     """Learner device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available)."""
     queue_out_of_sync_factor: float = 1.0
-    """At most ``factor * actors_batch_size`` finished rollouts wait for the learner."""
+    """At most ``ceil(factor * actors_batch_size)`` (>= one batch) finished rollouts wait."""
     actors_batch_size: int = 2
     """Rollouts (one per actor unroll) gathered into one learner batch."""
     num_actors: int = 2
