@@ -30,6 +30,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 import impala_rl  # noqa: E402
+import impala_rl.actors.ray as ray_backend  # noqa: E402
 from deadlines import alarm_deadline, time_limit, wait_until  # noqa: E402
 from impala_rl.actors import ActorError, SequentialDistributedActors  # noqa: E402
 from impala_rl.actors.ray import PIPELINE, RayDistributedActors  # noqa: E402
@@ -252,15 +253,15 @@ def test_max_policy_lag_drops_stale_rollouts(max_policy_lag, broadcasts):
     assert dropped > 0
 
 
-def test_stale_drop_after_a_long_pause_is_not_a_stall():
+def test_stale_drop_after_a_long_pause_is_not_a_stall(monkeypatch):
     """A long evaluation: the queue fills and every actor waits for room, idle. The rollouts go
     stale with the next update and are dropped; the actors get work again and are not stalled,
     although none delivered for longer than the stall timeout."""
     actors = make_actors(max_policy_lag=0)
-    actors.stall_timeout_s = 2.0
     state = actors._template.state_dict()
     with actors:
-        actors.collect_outputs("cpu")
+        actors.collect_outputs("cpu")  # the actors are up (starting one can take seconds)
+        monkeypatch.setattr(ray_backend, "STALL_TIMEOUT_S", 3.0)  # an unroll takes milliseconds
         wait_until(
             lambda: (
                 actors.queue_size() == actors.max_waiting
@@ -270,7 +271,7 @@ def test_stale_drop_after_a_long_pause_is_not_a_stall():
             "every actor to wait for queue room",
         )
         actors.broadcast_updated_policy(state)  # the last update before the evaluation
-        time.sleep(2 * actors.stall_timeout_s)  # the evaluation
+        time.sleep(2 * ray_backend.STALL_TIMEOUT_S)  # the evaluation
         out = actors.collect_outputs("cpu")  # drops the whole queue, then waits for fresh ones
         assert out.dropped_stale >= actors.max_waiting
         assert torch.all(out.batch["policy_version"] == actors.policy_version)

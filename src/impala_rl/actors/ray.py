@@ -149,7 +149,6 @@ class RayDistributedActors(DistributedActors):
         self.shutdown_timeout_s = getattr(runner, "shutdown_timeout_s", 10.0)
         self.restarts = 0
         self.lost = 0
-        self.stall_timeout_s = STALL_TIMEOUT_S
         self._started = False
         self._owns_ray = False
 
@@ -445,7 +444,7 @@ class RayDistributedActors(DistributedActors):
                 if len(self._ready) >= cfg.actors_batch_size:
                     break
                 stalled = time.monotonic() - self._last_progress
-                if stalled > self.stall_timeout_s:
+                if stalled > STALL_TIMEOUT_S:
                     raise ActorError(
                         f"no rollout from any Ray actor for {stalled:.0f} s: are there nodes "
                         f"with the resources one actor asks for (num_cpus={self.num_cpus}, "
