@@ -245,6 +245,33 @@ def test_max_policy_lag_drops_stale_rollouts(backend, max_policy_lag, broadcasts
         assert dropped > 0
 
 
+@pytest.mark.parametrize("max_policy_lag", [0, 1])
+def test_trainer_reports_policy_lag_within_max_policy_lag(tmp_path, max_policy_lag):
+    """The learner's own policy_lag statistics of a subprocess run respect the setting."""
+    run_dir = tmp_path / "run"
+    summary = impala_rl.train(
+        "cartpole",
+        [
+            "runner.backend=subprocess",
+            f"algorithm.max_policy_lag={max_policy_lag}",
+            "algorithm.epoch_length=4",
+            "algorithm.rollout_evaluator.n_episodes=1",
+            "max_env_steps=8192",
+            "target_return=null",
+            "log.console=false",
+            "log.tensorboard=false",
+        ],
+        run_dir=run_dir,
+    )
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [row for row in rows if "policy_lag/max" in row]
+    assert len(rows) >= 2
+    assert all(0 <= row["policy_lag/min"] for row in rows)
+    assert max(row["policy_lag/max"] for row in rows) <= max_policy_lag, rows
+    # the actors' env steps are the trainer's: trained and dropped rollouts alike
+    assert sum(row["actor_env_steps"] for row in rows) == summary["env_steps"]
+
+
 @pytest.mark.parametrize("backend", ["sequential", "subprocess"])
 def test_dropped_rollouts_count_in_episodes_and_env_steps_alike(backend):
     """Episodes of length 3 on every env: whatever is recorded (taken or dropped), the finished
