@@ -203,6 +203,7 @@ def test_batches_match_the_other_backends_and_versions_are_bounded():
                 for name, value in theirs.items():
                     assert value.dtype == mine[name].dtype and value.shape == mine[name].shape
                     assert torch.equal(value, mine[name]), f"actor {index}, rollout {k}: {name}"
+        assert any(u["terminated"].any() for i in range(2) for u in expected[i][:wanted])
         # at least 30 batches, and until both actors delivered (a Ray actor can start late)
         deadline = time.monotonic() + 90
         collected = 0
