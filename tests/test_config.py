@@ -16,6 +16,7 @@ from impala_rl.config import (
     config_from_dict,
     list_presets,
     load_config,
+    max_waiting_rollouts,
     to_dict,
     to_yaml,
 )
@@ -226,6 +227,42 @@ def test_out_of_range_values_name_the_field_and_what_is_valid(overrides, field, 
     assert f"'{field}'" in msg
     assert "valid" in msg
     assert valid in msg
+
+
+@pytest.mark.parametrize(
+    "factor, batch_size, bound",
+    [
+        ("0.4", 2, "> 0.5"),
+        ("0.5", 2, "> 0.5"),  # ceil(0.5 * 2) = 1 place for a batch of 2
+        ("0.74", 4, "> 0.75"),
+        ("0", 2, "> 0.5"),
+        ("-1", 2, "> 0.5"),
+        ("inf", 2, "> 0.5"),
+        ("nan", 2, "> 0.5"),
+    ],
+)
+def test_queue_out_of_sync_factor_that_can_never_form_a_batch_is_refused(factor, batch_size, bound):
+    overrides = [
+        f"algorithm.queue_out_of_sync_factor={factor}",
+        f"algorithm.actors_batch_size={batch_size}",
+    ]
+    with pytest.raises(ConfigError) as info:
+        load_config("cartpole", overrides)
+    msg = str(info.value)
+    assert "'algorithm.queue_out_of_sync_factor'" in msg
+    assert "ceil(factor * actors_batch_size) >= actors_batch_size" in msg and bound in msg
+
+
+@pytest.mark.parametrize("factor, batch_size", [("0.51", 2), ("0.76", 4), ("1.0", 3), ("8", 2)])
+def test_queue_out_of_sync_factor_with_room_for_a_batch_is_accepted(factor, batch_size):
+    cfg = load_config(
+        "cartpole",
+        [
+            f"algorithm.queue_out_of_sync_factor={factor}",
+            f"algorithm.actors_batch_size={batch_size}",
+        ],
+    )
+    assert max_waiting_rollouts(cfg.algorithm) >= batch_size
 
 
 def test_linear_schedule_is_fine_with_a_horizon():

@@ -30,6 +30,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 import impala_rl  # noqa: E402
+import impala_rl.actors.ray as ray_backend  # noqa: E402
 from deadlines import alarm_deadline, time_limit, wait_until  # noqa: E402
 from impala_rl.actors import ActorError, SequentialDistributedActors  # noqa: E402
 from impala_rl.actors.ray import PIPELINE, RayDistributedActors  # noqa: E402
@@ -161,11 +162,22 @@ def test_without_ray_the_cli_says_how_to_install_it(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
+def unrolls_per_actor(actors, batch, per_actor: dict[int, list[dict]]) -> None:
+    """Split a batch into its rollouts (``envs_per_actor`` columns each), by actor index."""
+    n = actors.cfg.envs_per_actor
+    for start in range(0, batch["actor_index"].shape[0], n):
+        cols = slice(start, start + n)
+        block = {k: (v[cols] if v.ndim == 1 else v[:, cols]).clone() for k, v in batch.items()}
+        per_actor.setdefault(int(block["actor_index"][0]), []).append(block)
+
+
 def test_batches_match_the_other_backends_and_versions_are_bounded():
-    reference = make_actors(backend="sequential")
+    wanted = 3  # rollouts per actor compared with the sequential backend's
+    reference = make_actors(backend="sequential", queue_out_of_sync_factor=1.5)
+    expected: dict[int, list[dict]] = {}
     with reference:
-        expected = reference.collect_outputs("cpu").batch
-        expected = {k: (tuple(v.shape), v.dtype) for k, v in expected.items()}
+        while any(len(expected.get(i, [])) < wanted for i in range(2)):
+            unrolls_per_actor(reference, reference.collect_outputs("cpu").batch, expected)
     actors = make_actors(queue_out_of_sync_factor=1.5)
     cfg = actors.cfg
     max_waiting = math.ceil(cfg.queue_out_of_sync_factor * cfg.actors_batch_size)
@@ -174,6 +186,24 @@ def test_batches_match_the_other_backends_and_versions_are_bounded():
     seen_actors: set[int] = set()
     with actors:
         assert ray.is_initialized()
+        # Same seeds, same weights (no broadcast yet): each actor's rollouts are the sequential
+        # backend's, field by field, in order (a Ray actor can start late: collect until both
+        # delivered enough).
+        got: dict[int, list[dict]] = {}
+        deadline = time.monotonic() + 90
+        while any(len(got.get(i, [])) < wanted for i in range(2)):
+            assert time.monotonic() < deadline, (
+                f"too few rollouts: { {i: len(g) for i, g in got.items()} }"
+            )
+            unrolls_per_actor(actors, actors.collect_outputs("cpu").batch, got)
+        for index in range(2):
+            for k in range(wanted):
+                mine, theirs = got[index][k], expected[index][k]
+                assert mine.keys() == theirs.keys()
+                for name, value in theirs.items():
+                    assert value.dtype == mine[name].dtype and value.shape == mine[name].shape
+                    assert torch.equal(value, mine[name]), f"actor {index}, rollout {k}: {name}"
+        assert any(u["terminated"].any() for i in range(2) for u in expected[i][:wanted])
         # at least 30 batches, and until both actors delivered (a Ray actor can start late)
         deadline = time.monotonic() + 90
         collected = 0
@@ -181,7 +211,7 @@ def test_batches_match_the_other_backends_and_versions_are_bounded():
             assert time.monotonic() < deadline, f"only actors {seen_actors} delivered"
             collected += 1
             out = actors.collect_outputs("cpu")
-            assert {k: (tuple(v.shape), v.dtype) for k, v in out.batch.items()} == expected
+            assert out.batch.keys() == expected[0][0].keys()
             assert out.env_steps == cfg.actors_batch_size * cfg.envs_per_actor * 8
             now = actors.policy_version
             versions = out.batch["policy_version"]
@@ -205,19 +235,78 @@ def test_batches_match_the_other_backends_and_versions_are_bounded():
     assert not ray.is_initialized(), "stop() shuts down the Ray it started"
 
 
-def test_max_policy_lag_drops_stale_rollouts():
-    actors = make_actors(max_policy_lag=0)
+@pytest.mark.parametrize("max_policy_lag, broadcasts", [(0, 3), (1, 1)])
+def test_max_policy_lag_drops_stale_rollouts(max_policy_lag, broadcasts):
+    actors = make_actors(max_policy_lag=max_policy_lag)
     state = actors._template.state_dict()
     dropped = 0
     with actors:
         for _ in range(6):
             out = actors.collect_outputs("cpu")
-            assert torch.all(out.batch["policy_version"] == actors.policy_version)
+            # as the learner measures it: its update count (the actors' version) minus the
+            # rollout's version, for every rollout of every batch
+            lags = (actors.policy_version - out.batch["policy_version"]).tolist()
+            assert 0 <= min(lags) and max(lags) <= max_policy_lag, lags
             dropped += out.dropped_stale
             time.sleep(0.3)  # actors fill the queue meanwhile
-            for _ in range(3):
+            for _ in range(broadcasts):
                 actors.broadcast_updated_policy(state)
     assert dropped > 0
+
+
+def test_stale_drop_after_a_long_pause_is_not_a_stall(monkeypatch):
+    """A long evaluation: the queue fills and every actor waits for room, idle. The rollouts go
+    stale with the next update and are dropped; the actors get work again and are not stalled,
+    although none delivered for longer than the stall timeout."""
+    actors = make_actors(max_policy_lag=0)
+    state = actors._template.state_dict()
+    with actors:
+        actors.collect_outputs("cpu")  # the actors are up (starting one can take seconds)
+        monkeypatch.setattr(ray_backend, "STALL_TIMEOUT_S", 3.0)  # an unroll takes milliseconds
+        wait_until(
+            lambda: (
+                actors.queue_size() == actors.max_waiting
+                and all(a.blocked and not a.refs for a in actors.actors)
+            ),
+            30,
+            "every actor to wait for queue room",
+        )
+        actors.broadcast_updated_policy(state)  # the last update before the evaluation
+        time.sleep(2 * ray_backend.STALL_TIMEOUT_S)  # the evaluation
+        out = actors.collect_outputs("cpu")  # drops the whole queue, then waits for fresh ones
+        assert out.dropped_stale >= actors.max_waiting
+        assert torch.all(out.batch["policy_version"] == actors.policy_version)
+
+
+def test_dropped_rollouts_count_in_episodes_and_env_steps_alike():
+    """Episodes of length 3: whatever is recorded (taken or dropped), the finished episodes fit
+    the env steps counted, and the actors' and the batches' env steps agree."""
+    episode_length = 3
+    actors = make_actors(
+        env_id="scripted_envs:make_env",
+        env_kwargs={"episode_lengths": [episode_length]},
+        max_policy_lag=0,
+    )
+    state = actors._template.state_dict()
+    env_steps = dropped = 0
+    with actors:
+        for _ in range(6):
+            out = actors.collect_outputs("cpu")
+            env_steps += out.env_steps
+            dropped += out.dropped_stale
+            time.sleep(0.3)  # actors fill the queue with rollouts that will be stale
+            for _ in range(2):
+                actors.broadcast_updated_policy(state)
+        stats = actors.get_epoch_stats_aggregator().reduce()
+    cfg = actors.cfg
+    columns = cfg.num_actors * cfg.envs_per_actor
+    rollout_steps = cfg.n_rollout_steps * cfg.envs_per_actor
+    assert dropped > 0
+    assert env_steps == (6 * cfg.actors_batch_size + dropped) * rollout_steps
+    assert stats["actor_env_steps"] == env_steps
+    assert stats["episode_length/max"] == stats["episode_length/min"] == episode_length
+    episodes = stats["episode_return/count"]
+    assert env_steps - columns * (episode_length - 1) <= episodes * episode_length <= env_steps
 
 
 # ---------------------------------------------------------------------------------------------

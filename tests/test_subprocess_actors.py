@@ -27,7 +27,7 @@ import impala_rl
 from deadlines import alarm_deadline, time_limit, wait_until  # noqa: E402
 from impala_rl.actors import ActorError, DistributedActors, SequentialDistributedActors
 from impala_rl.actors.subprocess import SubprocessDistributedActors
-from impala_rl.config import ImpalaAlgorithmConfig, ModelConfig, RunnerConfig
+from impala_rl.config import ConfigError, ImpalaAlgorithmConfig, ModelConfig, RunnerConfig
 from impala_rl.envs import EnvFactory
 from impala_rl.nn.factory import build_model
 
@@ -192,57 +192,128 @@ def test_subprocess_matches_sequential_exactly():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_policy_lag_is_non_negative_and_bounded():
-    actors = make_actors("subprocess")
-    cfg = actors.cfg
-    max_waiting = math.ceil(cfg.queue_out_of_sync_factor * cfg.actors_batch_size)
-    n_slots = max_waiting + cfg.num_actors + cfg.actors_batch_size
+def learner_lags(actors: DistributedActors, out) -> list[int]:
+    """Policy lag of every rollout (column) of a batch as the learner measures it: its update
+    count (the actors' version when it takes the batch) minus the rollout's version."""
+    return (actors.policy_version - out.batch["policy_version"]).tolist()
+
+
+@pytest.mark.parametrize("backend", ["sequential", "subprocess"])
+@pytest.mark.parametrize("max_policy_lag", [1, 3])
+def test_policy_lag_is_non_negative_and_bounded(backend, max_policy_lag):
+    actors = make_actors(backend, max_policy_lag=max_policy_lag)
     state = actors._template.state_dict()
     lags: list[int] = []
     with actors:
         for _ in range(40):
             out = actors.collect_outputs("cpu")
-            now = actors.policy_version
-            versions = out.batch["policy_version"]
-            assert torch.all(versions <= now)
-            lag = now - versions
-            assert torch.all(lag >= 0)
-            lags.extend(lag.tolist())
+            batch_lags = learner_lags(actors, out)
+            assert min(batch_lags) >= 0, batch_lags
+            assert max(batch_lags) <= max_policy_lag, batch_lags
+            lags.extend(batch_lags)
             time.sleep(0.002)  # a (very fast) learner update
             actors.broadcast_updated_policy(state)
-    # Actors of similar speed cannot fall further behind than the slots in circulation allow
-    # (each update consumes actors_batch_size slots); n_slots leaves a wide margin.
-    assert max(lags) <= n_slots, lags
+    assert len(lags) == 40 * actors.cfg.actors_batch_size * actors.cfg.envs_per_actor
 
 
-def test_max_policy_lag_drops_stale_rollouts():
-    actors = make_actors("subprocess", max_policy_lag=0)
+@pytest.mark.parametrize(
+    "backend, max_policy_lag, broadcasts",
+    [
+        ("sequential", 0, 1),
+        ("subprocess", 0, 1),  # the trainer: one broadcast per update
+        ("subprocess", 1, 1),
+        ("subprocess", 0, 4),  # several: a prefetched batch goes stale before its hand-out
+        ("subprocess", 2, 4),
+    ],
+)
+def test_max_policy_lag_drops_stale_rollouts(backend, max_policy_lag, broadcasts):
+    actors = make_actors(backend, max_policy_lag=max_policy_lag)
     state = actors._template.state_dict()
     dropped = 0
     with actors:
-        version_at_previous_collect = actors.policy_version
         for _ in range(8):
             out = actors.collect_outputs("cpu")
-            now = actors.policy_version
-            versions = out.batch["policy_version"]
-            # The batch was assembled after the previous collect returned (at the earliest) and
-            # only holds rollouts of the version current then (lag 0 at assembly time); it may
-            # have been prefetched before the latest broadcasts.
-            assert torch.all(versions >= version_at_previous_collect), (
-                versions,
-                version_at_previous_collect,
-            )
-            assert torch.all(versions <= now)
-            assert torch.all(versions == versions[0])
+            batch_lags = learner_lags(actors, out)
+            assert 0 <= min(batch_lags) and max(batch_lags) <= max_policy_lag, batch_lags
             dropped += out.dropped_stale
-            version_at_previous_collect = now
             time.sleep(0.3)  # a slow learner: actors fill the queue and block meanwhile
-            for _ in range(5):  # ... then it publishes several updates
+            for _ in range(broadcasts):
                 actors.broadcast_updated_policy(state)
-    assert dropped > 0
+    if backend == "sequential":
+        assert dropped == 0  # it acts with the newest policy: nothing is ever stale
+    else:
+        assert dropped > 0
 
 
-@pytest.mark.parametrize("factor", [1.0, 1.5])
+@pytest.mark.parametrize("max_policy_lag", [0, 1])
+def test_trainer_reports_policy_lag_within_max_policy_lag(tmp_path, max_policy_lag):
+    """The learner's own policy_lag statistics of a subprocess run respect the setting."""
+    run_dir = tmp_path / "run"
+    summary = impala_rl.train(
+        "cartpole",
+        [
+            "runner.backend=subprocess",
+            f"algorithm.max_policy_lag={max_policy_lag}",
+            "algorithm.epoch_length=4",
+            "algorithm.rollout_evaluator.n_episodes=1",
+            "max_env_steps=8192",
+            "target_return=null",
+            "log.console=false",
+            "log.tensorboard=false",
+        ],
+        run_dir=run_dir,
+    )
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [row for row in rows if "policy_lag/max" in row]
+    assert len(rows) >= 2
+    assert all(0 <= row["policy_lag/min"] for row in rows)
+    assert max(row["policy_lag/max"] for row in rows) <= max_policy_lag, rows
+    # the actors' env steps are the trainer's: trained and dropped rollouts alike
+    assert sum(row["actor_env_steps"] for row in rows) == summary["env_steps"]
+
+
+@pytest.mark.parametrize("backend", ["sequential", "subprocess"])
+def test_dropped_rollouts_count_in_episodes_and_env_steps_alike(backend):
+    """Episodes of length 3 on every env: whatever is recorded (taken or dropped), the finished
+    episodes fit the env steps counted, and the actors' and the batches' env steps agree."""
+    episode_length = 3
+    actors = make_actors(
+        backend,
+        env_id="scripted_envs:make_env",
+        env_kwargs={"episode_lengths": [episode_length]},
+        max_policy_lag=0,
+    )
+    state = actors._template.state_dict()
+    env_steps = dropped = 0
+    with actors:
+        for _ in range(6):
+            out = actors.collect_outputs("cpu")
+            env_steps += out.env_steps
+            dropped += out.dropped_stale
+            time.sleep(0.2)  # actors fill the queue with rollouts that will be stale
+            for _ in range(2):
+                actors.broadcast_updated_policy(state)
+        stats = actors.get_epoch_stats_aggregator().reduce()
+    cfg = actors.cfg
+    columns = cfg.num_actors * cfg.envs_per_actor
+    rollout_steps = cfg.n_rollout_steps * cfg.envs_per_actor
+    assert env_steps == (6 * cfg.actors_batch_size + dropped) * rollout_steps
+    assert stats["actor_env_steps"] == env_steps
+    episodes = stats["episode_return/count"]
+    assert stats["episode_length/max"] == stats["episode_length/min"] == episode_length
+    # every counted step of a column belongs to a finished episode but its last (< 3) steps
+    assert env_steps - columns * (episode_length - 1) <= episodes * episode_length <= env_steps
+    if backend == "subprocess":
+        assert dropped > 0
+
+
+@pytest.mark.parametrize("backend", ["sequential", "subprocess"])
+def test_backends_refuse_a_queue_smaller_than_a_batch_when_built_without_validation(backend):
+    with pytest.raises(ConfigError, match="algorithm.queue_out_of_sync_factor"):
+        make_actors(backend, queue_out_of_sync_factor=0.4, actors_batch_size=2)
+
+
+@pytest.mark.parametrize("factor", [0.6, 1.0, 1.5])
 def test_queue_is_bounded_while_the_learner_sleeps(factor):
     batch_size = 2
     actors = make_actors(
@@ -262,16 +333,15 @@ def test_queue_is_bounded_while_the_learner_sleeps(factor):
             30,
             "the actors to fill the queue and block",
         )
-        actors.get_epoch_stats_aggregator().reduce()  # drain the statistics
+        delivered = [a.delivered for a in actors.actors]
         sizes = []
         t_end = time.monotonic() + 1.0  # the learner "sleeps" for 1 s
         while time.monotonic() < t_end:
             sizes.append(actors.queue_size())
             time.sleep(0.01)
         assert max(sizes) == min(sizes) == max_waiting
-        # blocked actors do not step their envs
-        stats = actors.get_epoch_stats_aggregator().reduce()
-        assert stats.get("actor_env_steps", 0) == 0
+        # blocked actors do not step their envs: no rollout arrived meanwhile
+        assert [a.delivered for a in actors.actors] == delivered
         outs += [actors.collect_outputs("cpu") for _ in range(6)]
         assert actors.queue_size() <= max_waiting
     # queue_size_before counts the taken batch: batch_size <= before <= max_waiting

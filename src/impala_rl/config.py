@@ -10,6 +10,7 @@ ranges and choices. Every error is a :class:`ConfigError` naming the field and w
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,7 @@ class ImpalaAlgorithmConfig:
     device: str = "cpu"
     """Learner device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available)."""
     queue_out_of_sync_factor: float = 1.0
-    """At most ``factor * actors_batch_size`` finished rollouts wait for the learner."""
+    """At most ``ceil(factor * actors_batch_size)`` (>= one batch) finished rollouts wait."""
     actors_batch_size: int = 2
     """Rollouts (one per actor unroll) gathered into one learner batch."""
     num_actors: int = 2
@@ -340,6 +341,30 @@ def to_yaml(cfg: RunConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
+def max_waiting_rollouts(a: ImpalaAlgorithmConfig) -> int:
+    """How many finished rollouts may wait for the learner: ``ceil(factor * actors_batch_size)``.
+
+    Every backend sizes its queue with this; :func:`validate` refuses a factor that makes it
+    smaller than one batch.
+    """
+    factor = a.queue_out_of_sync_factor
+    if not math.isfinite(factor) or factor <= 0:
+        return 0
+    return math.ceil(factor * a.actors_batch_size)
+
+
+def check_queue_out_of_sync_factor(a: ImpalaAlgorithmConfig) -> None:
+    """Refuse a factor whose queue holds fewer rollouts than one batch (no batch ever forms)."""
+    factor, batch = a.queue_out_of_sync_factor, a.actors_batch_size
+    _check(
+        max_waiting_rollouts(a) >= batch,
+        "algorithm.queue_out_of_sync_factor",
+        f"a finite number with ceil(factor * actors_batch_size) >= actors_batch_size, i.e. "
+        f"> {(batch - 1) / batch:g} for actors_batch_size={batch}",
+        factor,
+    )
+
+
 def _check(cond: bool, key: str, valid: str, value: Any) -> None:
     if not cond:
         raise ConfigError(f"invalid value for {key!r}: {value!r}; valid: {valid}")
@@ -413,12 +438,6 @@ def validate(cfg: RunConfig) -> None:
         "cpu | cuda | cuda:N | mps | auto",
         a.device,
     )
-    _check(
-        a.queue_out_of_sync_factor > 0,
-        "algorithm.queue_out_of_sync_factor",
-        "a number > 0",
-        a.queue_out_of_sync_factor,
-    )
     _check(a.num_actors >= 1, "algorithm.num_actors", "an integer >= 1", a.num_actors)
     _check(
         a.actors_batch_size >= 1,
@@ -426,6 +445,7 @@ def validate(cfg: RunConfig) -> None:
         "an integer >= 1",
         a.actors_batch_size,
     )
+    check_queue_out_of_sync_factor(a)
     _check(a.envs_per_actor >= 1, "algorithm.envs_per_actor", "an integer >= 1", a.envs_per_actor)
     for name in (
         "vtrace_clip_rho_threshold",

@@ -193,7 +193,7 @@ class ActorEvents:
 
     @epoch_stats("sum")
     def actor_env_steps(self, value):
-        """Env steps collected (all envs of all actors)."""
+        """Env steps of the rollouts handed to the learner, trained or dropped as stale."""
 
     @epoch_stats("sum")
     def actor_restarts(self, value):

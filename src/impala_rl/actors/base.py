@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from impala_rl.config import ImpalaAlgorithmConfig
+from impala_rl.config import ImpalaAlgorithmConfig, check_queue_out_of_sync_factor
 from impala_rl.events import ActorEvents
 from impala_rl.nn import ActorCritic
 from impala_rl.rollout import RolloutSpec, UnrollResult, rollout_spec_for
@@ -30,6 +30,12 @@ class CollectedOutputs:
 
     ``batch`` holds the slot fields of :mod:`impala_rl.rollout` with ``B = actors_batch_size *
     envs_per_actor`` columns: ``[T+1, B, ...]`` for observations, ``[T, B]`` per step.
+
+    Every rollout is recorded once, when it leaves the queue: taken into a batch, or dropped
+    for exceeding ``max_policy_lag`` (``dropped_stale``, since the previous batch). A dropped
+    rollout counts as collected and discarded: its episodes go into the episode statistics and
+    its env steps into ``env_steps``, next to the batch's own. Rollouts still queued when the
+    actors stop, or lost with a dead actor, count in neither.
     """
 
     batch: dict[str, torch.Tensor]
@@ -60,6 +66,7 @@ class DistributedActors(abc.ABC):
         cfg: ImpalaAlgorithmConfig,
         seed: int,
     ):
+        check_queue_out_of_sync_factor(cfg)
         self.env_factory = env_factory
         self.cfg = cfg
         self.seed = seed
@@ -97,6 +104,7 @@ class DistributedActors(abc.ABC):
         """
 
     def record_unroll(self, result: UnrollResult) -> None:
+        """Record a rollout's episodes and env steps as it leaves the queue (see above)."""
         for ret, length in zip(result.episode_returns, result.episode_lengths, strict=True):
             self.events.episode_return(ret)
             self.events.episode_length(length)

@@ -15,6 +15,9 @@ Layout
 - Weights: one ``ray.put`` of the state dict (numpy) per broadcast. An actor's next ``unroll``
   call carries the newest reference when its weights are older, and the actor loads them
   before it starts the unroll, so weights change between unrolls only.
+- ``max_policy_lag`` is checked when a batch is handed out, where the learner measures it. A
+  rollout's episode statistics are recorded when it leaves the queue, taken or dropped, together
+  with its env steps (see :class:`CollectedOutputs`).
 - Faults: a call that fails because its actor (or the actor's node) died drops the rollout
   (``lost_rollouts``), kills what is left of the actor and starts a new one with the same
   resources (``actor_restarts``); it is placed wherever resources allow and starts working when
@@ -46,14 +49,14 @@ import numpy as np
 import torch
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
-from impala_rl.config import ConfigError
+from impala_rl.config import ConfigError, max_waiting_rollouts
 from impala_rl.rollout import RolloutSpec, UnrollResult, make_actor_loop, rollout_spec_for
 
 INSTALL_HINT = "pip install 'impala-rl[ray]'"
 POLL_S = 0.05
 PIPELINE = 2  # unroll calls queued per actor: one running, one ready to start at once
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-STALL_TIMEOUT_S = 600.0  # no rollout at all for this long (e.g. no node can host an actor)
+STALL_TIMEOUT_S = 600.0  # no rollout for this long while actors have work (no node can host one?)
 
 
 def import_ray() -> Any:
@@ -113,6 +116,9 @@ class RolloutWorker:
         self.loop.close()
 
 
+_Rollout = tuple[dict[str, np.ndarray], int, UnrollResult]  # arrays, policy version, report
+
+
 class _Actor:
     """The learner's view of one Ray actor."""
 
@@ -121,7 +127,7 @@ class _Actor:
         self.handle: Any = None
         self.refs: list[Any] = []  # unroll calls in flight, oldest first (or the start-up probe)
         self.starting = False  # ``refs[0]`` is the start-up probe, not an unroll
-        self.blocked: list[tuple[dict[str, np.ndarray], int]] = []  # finished, wait for room
+        self.blocked: list[_Rollout] = []  # finished, waiting for room in the queue
         self.known_version = -1  # weights version the actor has (or gets with its call)
         self.starts = 0
         self.delivered = 0  # rollouts delivered since the last (re)start
@@ -202,17 +208,16 @@ class RayDistributedActors(DistributedActors):
             self._batch_spec = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size)
             self._batch = self._batch_spec.allocate()
             self._batch_arrays = {k: v.numpy() for k, v in self._batch.items()}
-            self.max_waiting = max(
-                1, math.ceil(cfg.queue_out_of_sync_factor * cfg.actors_batch_size)
-            )
+            self.max_waiting = max_waiting_rollouts(cfg)
             self._remote_class = ray.remote(RolloutWorker)
             self._weights_ref = ray.put(_numpy_state(self._template.state_dict()))
-            self._ready: collections.deque[tuple[dict[str, np.ndarray], int]] = collections.deque()
+            self._ready: collections.deque[_Rollout] = collections.deque()
             self._lock = threading.Condition()
             self._error: BaseException | None = None
             self._stopping = False
-            self._dropped = 0
-            self._last_delivery = time.monotonic()
+            self._dropped: list[UnrollResult] = []  # stale rollouts since the last batch
+            # last rollout delivered, or last time an idle actor was given work
+            self._last_progress = time.monotonic()
             self.actors = [_Actor(i) for i in range(cfg.num_actors)]
             with self._lock:
                 for actor in self.actors:
@@ -252,11 +257,14 @@ class RayDistributedActors(DistributedActors):
         # process to start), so that it carries the weights current then, not at spawn time.
         actor.refs = [actor.handle.pid.remote()]
         actor.starting = True
+        self._last_progress = time.monotonic()
 
     def _submit(self, actor: _Actor) -> None:
         """Queue the actor's next unrolls, each with the newest weights if it lacks them."""
         if actor.handle is None or actor.starting or actor.blocked:
             return
+        if not actor.refs:  # idle until now (e.g. waiting for queue room): the stall clock restarts
+            self._last_progress = time.monotonic()
         while len(actor.refs) < PIPELINE:
             fresh = actor.known_version != self.policy_version
             weights = self._weights_ref if fresh else None
@@ -344,9 +352,8 @@ class RayDistributedActors(DistributedActors):
             arrays, result = value
             result: UnrollResult
             actor.delivered += 1
-            self._last_delivery = time.monotonic()
-            self.record_unroll(result)
-            item = (arrays, int(arrays["policy_version"][0]))
+            self._last_progress = time.monotonic()
+            item = (arrays, int(arrays["policy_version"][0]), result)
             if len(self._ready) < self.max_waiting and not actor.blocked:
                 self._ready.append(item)
                 self._submit(actor)
@@ -391,17 +398,25 @@ class RayDistributedActors(DistributedActors):
         if lag_bound is None:
             return
         for actor in self.actors:
-            fresh = [item for item in actor.blocked if self.policy_version - item[1] <= lag_bound]
-            self._dropped += len(actor.blocked) - len(fresh)
+            fresh = []
+            for item in actor.blocked:
+                if self.policy_version - item[1] > lag_bound:
+                    self._drop(item)
+                else:
+                    fresh.append(item)
             actor.blocked = fresh
         keep = collections.deque()
         for item in self._ready:
             if self.policy_version - item[1] > lag_bound:
-                self._dropped += 1
+                self._drop(item)
             else:
                 keep.append(item)
         self._ready = keep
         self._unblock()
+
+    def _drop(self, item: _Rollout) -> None:
+        """A stale rollout counts as collected and discarded at the next hand-out."""
+        self._dropped.append(item[2])
 
     def _unblock(self) -> None:
         """Move blocked rollouts into the queue while there is room; give their actors work."""
@@ -428,7 +443,7 @@ class RayDistributedActors(DistributedActors):
                 self._drop_stale()
                 if len(self._ready) >= cfg.actors_batch_size:
                     break
-                stalled = time.monotonic() - self._last_delivery
+                stalled = time.monotonic() - self._last_progress
                 if stalled > STALL_TIMEOUT_S:
                     raise ActorError(
                         f"no rollout from any Ray actor for {stalled:.0f} s: are there nodes "
@@ -442,10 +457,13 @@ class RayDistributedActors(DistributedActors):
             taken = [self._ready.popleft() for _ in range(cfg.actors_batch_size)]
             self._unblock()
             queue_after = len(self._ready)
-            dropped, self._dropped = self._dropped, 0
+            dropped, self._dropped = self._dropped, []
+            results = [result for _, _, result in taken] + dropped
+            for result in results:
+                self.record_unroll(result)
         n = cfg.envs_per_actor
         out = self._batch_arrays
-        for b, (arrays, _) in enumerate(taken):
+        for b, (arrays, _, _) in enumerate(taken):
             cols = slice(b * n, (b + 1) * n)
             for key, src in arrays.items():
                 if src.ndim == 1:
@@ -456,14 +474,13 @@ class RayDistributedActors(DistributedActors):
         batch = self._batch
         if device.type != "cpu":
             batch = {k: v.to(device, copy=True) for k, v in batch.items()}
-        env_steps = cfg.actors_batch_size * cfg.n_rollout_steps * n
         return CollectedOutputs(
             batch,
             queue_before,
             queue_after,
             time.perf_counter() - t0,
-            env_steps,
-            dropped,
+            sum(r.env_steps for r in results),
+            len(dropped),
         )
 
     def queue_size(self) -> int:

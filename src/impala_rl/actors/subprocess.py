@@ -10,9 +10,15 @@ Layout
   actors_batch_size)`` full slots wait for the learner; an actor whose slot finds the queue
   full is given no new slot until the learner takes a batch (it blocks), which bounds
   staleness.
-- The dispatcher also assembles the next batch while the learner updates (prefetch), drops
-  slots older than ``max_policy_lag`` (counted), notices dead actors at once (process
-  sentinels), reclaims their slot and restarts them up to ``runner.max_actor_restarts``.
+- The dispatcher also assembles the next batch while the learner updates (prefetch), notices
+  dead actors at once (process sentinels), reclaims their slot and restarts them up to
+  ``runner.max_actor_restarts``.
+- ``max_policy_lag`` holds at hand-out, where the learner measures it. A batch prefetched during
+  an update is handed out after that update's broadcast, so the prefetch drops (and counts) the
+  slots that will then be too old; :meth:`collect_outputs` checks again and drops a prefetched
+  batch that went stale anyway (more than one broadcast since it was assembled).
+- A slot's episode statistics are recorded when it leaves the queue, taken or dropped, together
+  with its env steps (see :class:`CollectedOutputs`).
 - Weights: one shared flat float buffer plus a header ``[seqlock, version]``. The learner
   writes under the seqlock; actors copy a consistent snapshot between unrolls only.
 
@@ -25,7 +31,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import math
 import multiprocessing as mp
 import os
 import pickle
@@ -41,6 +46,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
+from impala_rl.config import max_waiting_rollouts
 from impala_rl.rollout import RolloutSpec, UnrollResult, column_block, make_actor_loop
 
 POLL_S = 0.05
@@ -205,7 +211,7 @@ class SubprocessDistributedActors(DistributedActors):
         probe = self.env_factory()
         spec: RolloutSpec = self.spec(probe.observation_space)
         probe.close()
-        self.max_waiting = max(1, math.ceil(cfg.queue_out_of_sync_factor * cfg.actors_batch_size))
+        self.max_waiting = max_waiting_rollouts(cfg)
         n_slots = self.max_waiting + cfg.num_actors + cfg.actors_batch_size
         self.slots = [spec.allocate(share_memory=True) for _ in range(n_slots)]
         self._batch_spec = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size)
@@ -213,12 +219,17 @@ class SubprocessDistributedActors(DistributedActors):
         self.weights.publish(self._template.state_dict(), self.policy_version)
         self._free: collections.deque[int] = collections.deque(range(n_slots))
         self._ready: collections.deque[int] = collections.deque()
+        self._results: dict[int, UnrollResult] = {}  # full slot -> what its unroll reported
         self._lock = threading.Condition()
-        self._batches: collections.deque[CollectedOutputs] = collections.deque()
+        # assembled batches, each with its oldest policy version and the reports it hands out
+        self._batches: collections.deque[tuple[CollectedOutputs, int, list[UnrollResult]]] = (
+            collections.deque()
+        )
+        self._in_update = False  # between a hand-out and the next broadcast
         self._error: BaseException | None = None
         self._stopping = False
         self._unreaped: list[Any] = []
-        self._dropped = 0
+        self._dropped: list[UnrollResult] = []  # stale rollouts since the last batch
         self._assembling = False
         self._learner_device: torch.device | None = None
         self.actors = [_Actor(i) for i in range(cfg.num_actors)]
@@ -340,7 +351,7 @@ class SubprocessDistributedActors(DistributedActors):
         _, slot, result = msg
         result: UnrollResult
         actor.delivered += 1
-        self.record_unroll(result)
+        self._results[slot] = result
         actor.slot = None
         if len(self._ready) < self.max_waiting:
             self._ready.append(slot)
@@ -360,7 +371,8 @@ class SubprocessDistributedActors(DistributedActors):
         if actor.slot is not None:  # reclaim the slot it was filling
             self._free.append(actor.slot)
             actor.slot = None
-        if actor.blocked_slot is not None:
+        if actor.blocked_slot is not None:  # lost with its actor: neither recorded nor counted
+            self._results.pop(actor.blocked_slot, None)
             self._free.append(actor.blocked_slot)
             actor.blocked_slot = None
         actor.conn.close()
@@ -395,13 +407,16 @@ class SubprocessDistributedActors(DistributedActors):
         with self._lock:
             if self._batches or self._assembling or self._learner_device is None:
                 return
-            self._drop_stale()
+            # during an update the batch is handed out after that update's broadcast
+            self._drop_stale(self.policy_version + int(self._in_update))
             if len(self._ready) < self.cfg.actors_batch_size:
                 return
             taken = [self._ready.popleft() for _ in range(self.cfg.actors_batch_size)]
             self._assembling = True
             queue_before = len(self._ready) + len(taken)
             device = self._learner_device
+            oldest = min(self._slot_version(i) for i in taken)
+            results = [self._results.pop(i) for i in taken]
         t0 = time.perf_counter()
         batch = self._batch_spec.allocate()
         if device.type == "cuda":
@@ -411,7 +426,6 @@ class SubprocessDistributedActors(DistributedActors):
             block = column_block(batch, b * n, (b + 1) * n)
             for key, src in self.slots[slot_index].items():
                 block[key].copy_(src)
-        env_steps = len(taken) * self.cfg.n_rollout_steps * n
         if device.type != "cpu":
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         copy_time = time.perf_counter() - t0
@@ -419,40 +433,46 @@ class SubprocessDistributedActors(DistributedActors):
             self._assembling = False
             self._free.extend(taken)
             self._unblock()
-            dropped, self._dropped = self._dropped, 0
-            self._batches.append(
-                CollectedOutputs(
-                    batch,
-                    queue_before,
-                    len(self._ready),
-                    copy_time if in_learner else 0.0,
-                    env_steps,
-                    dropped,
-                )
+            dropped, self._dropped = self._dropped, []
+            results += dropped
+            out = CollectedOutputs(
+                batch,
+                queue_before,
+                len(self._ready),
+                copy_time if in_learner else 0.0,
+                sum(r.env_steps for r in results),
+                len(dropped),
             )
+            self._batches.append((out, oldest, results))
             self._lock.notify_all()
 
-    def _drop_stale(self) -> None:
+    def _slot_version(self, slot_index: int) -> int:
+        return int(self.slots[slot_index]["policy_version"][0])
+
+    def _drop_slot(self, slot_index: int) -> None:
+        """Free a stale full slot; its rollout counts as discarded at the next hand-out."""
+        self._dropped.append(self._results.pop(slot_index))
+        self._free.append(slot_index)
+
+    def _drop_stale(self, handout_version: int) -> None:
+        """Drop full slots more than ``max_policy_lag`` behind ``handout_version``."""
         lag_bound = self.cfg.max_policy_lag
         if lag_bound is None:
             return
 
         def stale(slot_index: int) -> bool:
-            version = int(self.slots[slot_index]["policy_version"][0])
-            return self.policy_version - version > lag_bound
+            return handout_version - self._slot_version(slot_index) > lag_bound
 
         # Blocked full slots enter the queue in _unblock below, so check them too: otherwise a
         # stale blocked slot would be taken into the batch unchecked.
         for actor in self.actors:
             if actor.blocked_slot is not None and stale(actor.blocked_slot):
-                self._free.append(actor.blocked_slot)
+                self._drop_slot(actor.blocked_slot)
                 actor.blocked_slot = None
-                self._dropped += 1
         keep = collections.deque()
         for slot_index in self._ready:
             if stale(slot_index):
-                self._free.append(slot_index)
-                self._dropped += 1
+                self._drop_slot(slot_index)
             else:
                 keep.append(slot_index)
         self._ready = keep
@@ -472,33 +492,44 @@ class SubprocessDistributedActors(DistributedActors):
 
     # -- the learner's side -----------------------------------------------------------------------
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.policy_version += 1
-        self.weights.publish(state_dict, self.policy_version)
+        with self._lock:  # the version before the weights: a rollout is never newer
+            self.policy_version += 1
+            self._in_update = False
+            version = self.policy_version
+        self.weights.publish(state_dict, version)
 
     def collect_outputs(self, learner_device: torch.device | str) -> CollectedOutputs:
         device = torch.device(learner_device)
         with self._lock:
             self._learner_device = device
-            while not self._batches:
-                if self._error is not None:
-                    raise self._error
-                if not self._dispatcher.is_alive():
-                    raise ActorError("the dispatcher thread stopped unexpectedly")
-                if len(self._ready) >= self.cfg.actors_batch_size and not self._assembling:
-                    break
-                self._lock.wait(timeout=POLL_S)
-        if not self._batches:
-            self._assemble(in_learner=True)  # data is ready: no need to wait for the thread
-        t_pop = time.perf_counter()
-        with self._lock:
-            while not self._batches:
-                if self._error is not None:
-                    raise self._error
-                self._lock.wait(timeout=POLL_S)
-            out = self._batches.popleft()
-            self._lock.notify_all()
-        out.dequeue_time += time.perf_counter() - t_pop
-        return out
+            self._in_update = False
+        while True:
+            with self._lock:
+                while not self._batches:
+                    if self._error is not None:
+                        raise self._error
+                    if not self._dispatcher.is_alive():
+                        raise ActorError("the dispatcher thread stopped unexpectedly")
+                    if len(self._ready) >= self.cfg.actors_batch_size and not self._assembling:
+                        break
+                    self._lock.wait(timeout=POLL_S)
+            if not self._batches:
+                self._assemble(in_learner=True)  # data is ready: no need to wait for the thread
+            t_pop = time.perf_counter()
+            with self._lock:
+                if not self._batches:
+                    continue  # stale slots were dropped: wait for fresh ones
+                out, oldest, results = self._batches.popleft()
+                self._lock.notify_all()
+                lag_bound = self.cfg.max_policy_lag
+                if lag_bound is not None and self.policy_version - oldest > lag_bound:
+                    self._dropped[:0] = results  # prefetched before several broadcasts: stale
+                    continue
+                self._in_update = True
+                for result in results:
+                    self.record_unroll(result)
+            out.dequeue_time += time.perf_counter() - t_pop
+            return out
 
     def queue_size(self) -> int:
         with self._lock:
