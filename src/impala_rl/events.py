@@ -231,6 +231,11 @@ class RunEvents:
     def time_epoch(self, value):
         """Seconds the epoch took, evaluation included."""
 
+    @epoch_stats("last")
+    def time_evaluation(self, value):
+        """Seconds training waited for evaluation in the epoch (a snapshot's copy only, with
+        ``rollout_evaluator.background``)."""
+
     @epoch_stats("mean", "std", "min", "max")
     def eval_return(self, value):
         """Return of an evaluation episode."""
