@@ -233,8 +233,7 @@ class RunEvents:
 
     @epoch_stats("last")
     def time_evaluation(self, value):
-        """Seconds training waited for evaluation in the epoch (a snapshot's copy only, with
-        ``rollout_evaluator.background``)."""
+        """Seconds training waited for evaluation in the epoch (background: the copy only)."""
 
     @epoch_stats("mean", "std", "min", "max")
     def eval_return(self, value):
