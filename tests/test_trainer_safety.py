@@ -18,6 +18,7 @@ import torch
 from impala_rl import checkpoint
 from impala_rl import trainer as trainer_mod
 from impala_rl.config import ConfigError, load_config
+from impala_rl.evaluation import EvaluationResult
 from impala_rl.learner import Learner, NonFiniteError
 from impala_rl.trainer import Trainer, load_run_config
 from test_cli import _cmd, _env, _impala, _process_group
@@ -157,7 +158,9 @@ def test_resume_keeps_the_best_return_of_best_pt_when_last_pt_is_older(tmp_path,
     every ``checkpoint_every_epochs``). The resumed run must still have to beat best.pt's return.
     """
     scripted: dict[int, float] = {}
-    monkeypatch.setattr(Trainer, "_evaluate", lambda self: scripted[self.counters.epoch])
+    monkeypatch.setattr(
+        Trainer, "_evaluate", lambda self, model, epoch: EvaluationResult([scripted[epoch]], [1])
+    )
     common = ["algorithm.epoch_length=1", "target_return=null"]
     scripted.update({1: 10.0})
     _train(tmp_path, *common, "algorithm.n_epochs=1")
@@ -370,3 +373,80 @@ def test_restored_optimizer_state_keeps_the_channels_last_layout(tmp_path):
     assert conv and all(p.is_contiguous(memory_format=torch.channels_last) for p in conv)
     for p in learners[1].model.parameters():
         assert learners[1].optimizer.state[p]["square_avg"].stride() == p.stride()
+
+
+# -- evaluation in the background ----------------------------------------------------------------
+
+BACKGROUND = ["algorithm.rollout_evaluator.background=true", "target_return=null"]
+
+
+def _weights_sum(model: torch.nn.Module) -> float:
+    return float(sum(p.double().sum() for p in model.state_dict().values()))
+
+
+def test_background_evaluation_keeps_the_evaluated_snapshot_as_best(tmp_path, monkeypatch):
+    """Training goes on while a snapshot is evaluated, and best.pt holds the evaluated
+    snapshot's weights and epoch, not the learner's weights when the result arrived."""
+    seen: dict[int, dict] = {}
+
+    def slow_evaluate(self, model, epoch):
+        updates_before = self.counters.updates
+        time.sleep(0.5)
+        seen[epoch] = {
+            "weights": _weights_sum(model),
+            "updates_during": self.counters.updates - updates_before,
+        }
+        return EvaluationResult([float(epoch)], [1])  # every result is a new best
+
+    monkeypatch.setattr(Trainer, "_evaluate", slow_evaluate)
+    trainer = Trainer(
+        load_config(
+            "cartpole", [*FAST, *BACKGROUND, "algorithm.n_epochs=6", "algorithm.epoch_length=2"]
+        ),
+        run_dir=tmp_path,
+    )
+    summary = trainer.train()
+    assert summary["stopped_because"] == "n_epochs"
+    assert max(seen) == 6  # the last epoch's weights are evaluated before the run ends
+    assert 1 < len(seen) < 6  # epochs that end while an evaluation runs are not evaluated
+    assert any(s["updates_during"] > 0 for s in seen.values())  # training did not wait
+    best = checkpoint.load(tmp_path / "checkpoints" / "best.pt")
+    assert best["counters"]["epoch"] == 6 and best["counters"]["best_eval_return"] == 6.0
+    assert float(sum(t.double().sum() for t in best["model"].values())) == pytest.approx(
+        seen[6]["weights"], rel=1e-12
+    )
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(row["time_evaluation"] < 0.5 for row in metrics)
+
+
+def test_background_evaluation_patience_counts_evaluations(tmp_path, monkeypatch):
+    def flat_evaluate(self, model, epoch):
+        time.sleep(0.2)
+        return EvaluationResult([5.0], [5])
+
+    monkeypatch.setattr(Trainer, "_evaluate", flat_evaluate)
+    summary = _train(
+        tmp_path,
+        *BACKGROUND,
+        "algorithm.n_epochs=200",
+        "algorithm.epoch_length=1",
+        "algorithm.patience=2",
+    )
+    assert summary["stopped_because"] == "patience"
+    best = checkpoint.load(tmp_path / "checkpoints" / "best.pt")["counters"]
+    assert best["best_eval_return"] == 5.0
+    last = checkpoint.load(tmp_path / "checkpoints" / "last.pt")["counters"]
+    assert last["epochs_without_improvement"] == 2
+    assert last["epoch"] > best["epoch"]
+
+
+def test_background_evaluation_of_the_real_evaluator_learns_cartpole_budget(tmp_path):
+    summary = _train(
+        tmp_path,
+        "algorithm.rollout_evaluator.background=true",
+        "algorithm.n_epochs=4",
+        "algorithm.epoch_length=2",
+    )
+    assert summary["stopped_because"] in ("n_epochs", "target_return")
+    assert summary["last_eval_return"] is not None and summary["best_eval_return"] is not None
+    checkpoint.load(tmp_path / "checkpoints" / "best.pt")

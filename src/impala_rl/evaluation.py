@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -143,3 +146,72 @@ def evaluate_structured(
         [int(n) for n in lengths],
         reported if len(reported) == n_episodes else None,
     )
+
+
+class EvaluationCancelled(Exception):
+    """Raised inside a background evaluation that was cancelled."""
+
+
+class BackgroundEvaluator:
+    """Runs one evaluation at a time in a thread, on a snapshot of the model's weights, so
+    that training goes on meanwhile.
+
+    ``run(snapshot, tag)`` evaluates; :meth:`start` copies the model first (the learner keeps
+    updating its own); :meth:`poll` hands back ``(tag, snapshot, result)`` once it is done,
+    with the snapshot whose weights earned the result; :meth:`cancel` stops it at the
+    snapshot's next forward call and joins the thread.
+    """
+
+    def __init__(self, run: Callable[[torch.nn.Module, int], EvaluationResult]):
+        self._run = run
+        self._thread: threading.Thread | None = None
+        self._done: tuple[int, torch.nn.Module, EvaluationResult] | None = None
+        self._error: BaseException | None = None
+        self._cancel = threading.Event()
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None
+
+    def start(self, model: torch.nn.Module, tag: int) -> None:
+        if self._thread is not None:
+            raise RuntimeError("an evaluation is already running")
+        snapshot = copy.deepcopy(model)
+        for module in snapshot.modules():
+            module.register_forward_pre_hook(self._check_cancel)
+        self._done, self._error = None, None
+        self._thread = threading.Thread(
+            target=self._work, args=(snapshot, tag), name="impala-evaluator", daemon=True
+        )
+        self._thread.start()
+
+    def poll(self, wait: bool = False) -> tuple[int, torch.nn.Module, EvaluationResult] | None:
+        """The finished evaluation, or None (none started, or still running and not ``wait``);
+        an error inside the evaluation is raised here."""
+        if self._thread is None or (not wait and self._thread.is_alive()):
+            return None
+        self._thread.join()
+        self._thread = None
+        if self._error is not None:
+            raise self._error
+        return self._done
+
+    def cancel(self) -> None:
+        if self._thread is None:
+            return
+        self._cancel.set()
+        self._thread.join()
+        self._thread = None
+        self._cancel.clear()
+
+    def _check_cancel(self, module: torch.nn.Module, inputs: Any) -> None:
+        if self._cancel.is_set():
+            raise EvaluationCancelled
+
+    def _work(self, snapshot: torch.nn.Module, tag: int) -> None:
+        try:
+            self._done = (tag, snapshot, self._run(snapshot, tag))
+        except EvaluationCancelled:
+            self._done = None
+        except BaseException as exc:  # handed to the trainer's thread by poll()
+            self._error = exc

@@ -231,6 +231,10 @@ class RunEvents:
     def time_epoch(self, value):
         """Seconds the epoch took, evaluation included."""
 
+    @epoch_stats("last")
+    def time_evaluation(self, value):
+        """Seconds training waited for evaluation in the epoch (background: the copy only)."""
+
     @epoch_stats("mean", "std", "min", "max")
     def eval_return(self, value):
         """Return of an evaluation episode."""

@@ -27,7 +27,12 @@ from impala_rl.actors import make_actors
 from impala_rl.config import ConfigError, RunConfig, config_from_dict, to_dict, to_yaml
 from impala_rl.envs import EnvFactory, make_env_factory
 from impala_rl.envs.structured import is_structured
-from impala_rl.evaluation import evaluate, evaluate_structured
+from impala_rl.evaluation import (
+    BackgroundEvaluator,
+    EvaluationResult,
+    evaluate,
+    evaluate_structured,
+)
 from impala_rl.events import ImpalaEvents, RunEvents
 from impala_rl.learner import Learner, NonFiniteError, load_optimizer_state, scheduled_lr
 from impala_rl.nn import ActorCritic
@@ -188,9 +193,9 @@ class Trainer:
             if best["epoch"] > self.counters.epoch:
                 self.counters.epochs_without_improvement = 0
 
-    def _finite_model_state(self) -> dict[str, torch.Tensor]:
-        """The model's state dict; refuses to hand out non-finite weights for saving."""
-        state = self.learner.model.state_dict()
+    def _finite_model_state(self, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+        """The (learner's) model's state dict; refuses to hand out non-finite weights for saving."""
+        state = (model or self.learner.model).state_dict()
         if not all(bool(torch.isfinite(t).all()) for t in state.values() if t.is_floating_point()):
             raise NonFiniteError(
                 "the model's weights are not finite; the last good checkpoint is kept"
@@ -218,13 +223,14 @@ class Trainer:
     def save_checkpoint(self) -> None:
         checkpoint.save_atomic(self._checkpoint_payload(), self.checkpoint_dir / "last.pt")
 
-    def _save_best(self) -> None:
+    def _save_best(self, model: torch.nn.Module, epoch: int) -> None:
+        """best.pt: the evaluated weights, with the counters and the epoch they are from."""
         checkpoint.save_atomic(
             {
                 "format": checkpoint.CHECKPOINT_FORMAT,
-                "model": self._finite_model_state(),
+                "model": self._finite_model_state(model),
                 "config": self._config_dict,
-                "counters": dict(self.counters.__dict__),
+                "counters": {**self.counters.__dict__, "epoch": epoch},
             },
             self.checkpoint_dir / "best.pt",
         )
@@ -241,11 +247,17 @@ class Trainer:
         self.recent_returns: deque[float] = deque(maxlen=100)
         self._start_wall = time.perf_counter() - c.wall_time_s
         self.learner.set_learning_rate(scheduled_lr(cfg.algorithm, c.env_steps, cfg.max_env_steps))
+        self.evaluator = None
+        self._background_epoch = -1  # the epoch whose weights were last sent to be evaluated
+        if cfg.algorithm.rollout_evaluator.background:
+            self.evaluator = BackgroundEvaluator(self._evaluate)
         try:
             with _stop_on_signals(self._stop_flag):
                 actors.start()
                 while stopped_because is None:
                     stopped_because = self._run_epoch(actors)
+                    if stopped_because and stopped_because != "interrupted":
+                        self._finish_background_evaluation(stopped_because)
                     c.wall_time_s = time.perf_counter() - self._start_wall
                     if c.epoch % cfg.log.checkpoint_every_epochs == 0 or stopped_because:
                         self.save_checkpoint()
@@ -258,6 +270,8 @@ class Trainer:
             stopped_because, error = "error", exc
             self._try_final_checkpoint()
         finally:
+            if self.evaluator is not None:
+                self.evaluator.cancel()
             actors.stop()
             for writer in self.writers:
                 writer.close()
@@ -373,48 +387,82 @@ class Trainer:
             ev.policy_lag(lag)
         ev.dropped_stale_rollouts(collected.dropped_stale)
 
-    def _evaluate(self) -> float:
+    def _evaluate(self, model: torch.nn.Module, epoch: int) -> EvaluationResult:
+        """Evaluate ``model``, with evaluation seeds drawn from the epoch it is from."""
         cfg, ev_cfg = self.cfg, self.cfg.algorithm.rollout_evaluator
-        seed = int(np.random.SeedSequence([cfg.seed, 1, self.counters.epoch]).generate_state(1)[0])
-        result = (evaluate_structured if self.structured else evaluate)(
-            self.learner.model,  # type: ignore[arg-type]
+        seed = int(np.random.SeedSequence([cfg.seed, 1, epoch]).generate_state(1)[0])
+        return (evaluate_structured if self.structured else evaluate)(
+            model,  # type: ignore[arg-type]
             self.eval_env_factory,
             ev_cfg.n_episodes,
             deterministic=ev_cfg.deterministic,
             seed=seed,
             max_episode_steps=ev_cfg.max_episode_steps,
         )
+
+    def _end_epoch(self, actors: Any, epoch_start: float, epoch_steps: int) -> str | None:
+        """Evaluate, select the best model, write statistics; returns a stop reason or None.
+
+        In the background the result of an earlier epoch's snapshot may arrive (or none), and a
+        new evaluation of this epoch's weights starts if none is running.
+        """
+        alg, c = self.cfg.algorithm, self.counters
+        t0 = time.perf_counter()
+        reason = None
+        if self.evaluator is None:
+            result = self._evaluate(self.learner.model, c.epoch)
+            reason = self._select(result, c.epoch, self.learner.model)
+        else:
+            done = self.evaluator.poll()
+            if done is not None:
+                reason = self._select(done[2], done[0], done[1])
+            if reason is None and not self.evaluator.busy:
+                self.evaluator.start(self.learner.model, c.epoch)
+                self._background_epoch = c.epoch
+        self.run_events.time_evaluation(time.perf_counter() - t0)
+        self._write_epoch_stats(actors, epoch_start, epoch_steps)
+        if reason != "target_return" and alg.n_epochs > 0 and c.epoch >= alg.n_epochs:
+            return "n_epochs"
+        return reason
+
+    def _select(self, result: EvaluationResult, epoch: int, model: torch.nn.Module) -> str | None:
+        """Record an evaluation of ``model`` (the weights of ``epoch``), keep it as best.pt if it
+        is the best so far, count patience; returns ``target_return``, ``patience`` or None."""
+        cfg, alg, c = self.cfg, self.cfg.algorithm, self.counters
         for ret, length in zip(result.returns, result.lengths, strict=True):
             self.run_events.eval_return(ret)
             self.run_events.eval_length(length)
         if result.wins is not None:
             for win in result.wins:
                 self.run_events.eval_win_rate(float(win))
-        return result.mean_return
-
-    def _end_epoch(self, actors: Any, epoch_start: float, epoch_steps: int) -> str | None:
-        """Evaluate, select the best model, write statistics; returns a stop reason or None."""
-        cfg, alg, c = self.cfg, self.cfg.algorithm, self.counters
-        mean_return = self._evaluate()
-        c.last_eval_return = mean_return
+        c.last_eval_return = mean_return = result.mean_return
         # Burn-in epochs evaluate an untrained policy: no best model, no patience, no target.
-        policy_trained = c.epoch > alg.critic_burn_in_epochs
-        if policy_trained:
-            if mean_return > c.best_eval_return:
-                c.best_eval_return = mean_return
-                c.epochs_without_improvement = 0
-                self._save_best()
-            else:
-                c.epochs_without_improvement += 1
-        self._write_epoch_stats(actors, epoch_start, epoch_steps)
-        reached = cfg.target_return is not None and mean_return >= cfg.target_return
-        if policy_trained and reached:
+        if epoch <= alg.critic_burn_in_epochs:
+            return None
+        if mean_return > c.best_eval_return:
+            c.best_eval_return = mean_return
+            c.epochs_without_improvement = 0
+            self._save_best(model, epoch)
+        else:
+            c.epochs_without_improvement += 1
+        if cfg.target_return is not None and mean_return >= cfg.target_return:
             return "target_return"
-        if alg.n_epochs > 0 and c.epoch >= alg.n_epochs:
-            return "n_epochs"
-        if policy_trained and alg.patience > 0 and c.epochs_without_improvement >= alg.patience:
+        if alg.patience > 0 and c.epochs_without_improvement >= alg.patience:
             return "patience"
         return None
+
+    def _finish_background_evaluation(self, stopped_because: str) -> None:
+        """At a stop: wait for the running evaluation and select on its result; at a budget's
+        end also evaluate the final weights if no evaluation had started on them."""
+        if self.evaluator is None:
+            return
+        done = self.evaluator.poll(wait=True)
+        if done is not None:
+            self._select(done[2], done[0], done[1])
+        budget = stopped_because not in ("patience", "target_return")
+        if budget and self._background_epoch != self.counters.epoch:
+            epoch, model = self.counters.epoch, self.learner.model
+            self._select(self._evaluate(model, epoch), epoch, model)
 
     def _write_epoch_stats(self, actors: Any, epoch_start: float, epoch_steps: int) -> None:
         c = self.counters
