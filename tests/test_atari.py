@@ -208,3 +208,40 @@ def test_python_and_ale_vector_paths_give_the_same_frames_rewards_and_dones():
     finally:
         python.close()
         ale.close()
+
+
+def test_actor_loop_attaches_each_reward_and_done_to_the_action_that_caused_it():
+    # replay the actions an actor took (ale vector env) in a python env: step t of the slot
+    # must hold the frame the action was chosen on, and that action's reward and episode end
+    settings = {
+        "game": "ALE/Pong-v5",
+        "repeat_action_probability": 0.0,
+        "noop_max": 0,
+        "max_episode_frames": 600,  # every 150 agent steps an episode is cut
+    }
+    factory = EnvFactory(ATARI, {**settings, "vector": "ale"})
+    replay = EnvFactory(ATARI, {**settings, "vector": "python"})()
+    model = ActorCritic(replay.observation_space, replay.action_space, encoder="nature_cnn")
+    T = 240
+    loop = ActorLoop(factory, 1, model, seed=3, unroll_length=T)
+    try:
+        slot = rollout_spec_for(model, replay.observation_space, T, 1).allocate()
+        result = loop.unroll(slot)
+        obs, _ = replay.reset(seed=3)
+        ends = []
+        for t in range(T):
+            np.testing.assert_array_equal(slot["obs"][t, 0].numpy(), obs, err_msg=f"step {t}")
+            obs, reward, term, trunc, _ = replay.step(int(slot["action"][t, 0]))
+            assert float(slot["reward"][t, 0]) == reward, t
+            assert bool(slot["terminated"][t, 0]) == term, t
+            assert bool(slot["truncated"][t, 0]) == (trunc and not term), t
+            assert bool(slot["first"][t + 1, 0]) == (term or trunc), t
+            if term or trunc:
+                ends.append(t)
+                obs, _ = replay.reset()
+        assert ends == [149]
+        assert (slot["reward"] != 0).sum() >= 2, "a random policy concedes points in 150 steps"
+        assert result.episode_returns == [float(slot["reward"][:150, 0].sum())]
+    finally:
+        loop.close()
+        replay.close()
