@@ -175,3 +175,73 @@ def test_ale_vector_options_are_checked_by_name():
         make_vector_env(
             EnvFactory(ATARI, {"game": "ALE/Pong-v5", "vector": "ale"}, max_episode_steps=10), 2
         )
+
+
+def test_python_and_ale_vector_paths_give_the_same_frames_rewards_and_dones():
+    # sticky actions and noop starts off, the only randomness: the same actions must give the
+    # same stacks (zero padding at a reset included), rewards, dones and final frames
+    settings = {"game": "ALE/Pong-v5", "repeat_action_probability": 0.0, "noop_max": 0}
+    python = make_vector_env(EnvFactory(ATARI, {**settings, "vector": "python"}), 1)
+    ale = make_vector_env(EnvFactory(ATARI, {**settings, "vector": "ale"}), 1)
+    try:
+        assert type(python).__name__ == "SameStepVectorEnv" and type(ale) is not type(python)
+        obs_p, _ = python.reset(seed=7)
+        obs_a, _ = ale.reset(seed=7)
+        np.testing.assert_array_equal(obs_p, obs_a)
+        assert not obs_p[0, :3].any() and obs_p[0, 3].any()  # zero-padded, newest frame last
+        rng = np.random.default_rng(0)
+        rewards, ends = [], []
+        for t in range(1000):
+            actions = rng.integers(0, 6, size=1)
+            obs_p, r_p, term_p, trunc_p, info_p = python.step(actions)
+            obs_a, r_a, term_a, trunc_a, info_a = ale.step(actions)
+            np.testing.assert_array_equal(obs_p, obs_a, err_msg=f"step {t}")
+            assert r_p[0] == r_a[0] and term_p[0] == term_a[0] and trunc_p[0] == trunc_a[0], t
+            rewards.append(r_p[0])
+            if term_p[0]:
+                ends.append(t)
+                np.testing.assert_array_equal(info_p["final_obs"][0], info_a["final_obs"][0])
+        # a random policy loses one game of Pong within the 1000 steps: the opponent's 21st
+        # point is the reward of the terminal step itself, not of the next episode's first
+        assert len(ends) == 1 and rewards[ends[0]] == -1.0
+        assert rewards[: ends[0] + 1].count(-1.0) == 21
+    finally:
+        python.close()
+        ale.close()
+
+
+def test_actor_loop_attaches_each_reward_and_done_to_the_action_that_caused_it():
+    # replay the actions an actor took (ale vector env) in a python env: step t of the slot
+    # must hold the frame the action was chosen on, and that action's reward and episode end
+    settings = {
+        "game": "ALE/Pong-v5",
+        "repeat_action_probability": 0.0,
+        "noop_max": 0,
+        "max_episode_frames": 600,  # every 150 agent steps an episode is cut
+    }
+    factory = EnvFactory(ATARI, {**settings, "vector": "ale"})
+    replay = EnvFactory(ATARI, {**settings, "vector": "python"})()
+    model = ActorCritic(replay.observation_space, replay.action_space, encoder="nature_cnn")
+    T = 240
+    loop = ActorLoop(factory, 1, model, seed=3, unroll_length=T)
+    try:
+        slot = rollout_spec_for(model, replay.observation_space, T, 1).allocate()
+        result = loop.unroll(slot)
+        obs, _ = replay.reset(seed=3)
+        ends = []
+        for t in range(T):
+            np.testing.assert_array_equal(slot["obs"][t, 0].numpy(), obs, err_msg=f"step {t}")
+            obs, reward, term, trunc, _ = replay.step(int(slot["action"][t, 0]))
+            assert float(slot["reward"][t, 0]) == reward, t
+            assert bool(slot["terminated"][t, 0]) == term, t
+            assert bool(slot["truncated"][t, 0]) == (trunc and not term), t
+            assert bool(slot["first"][t + 1, 0]) == (term or trunc), t
+            if term or trunc:
+                ends.append(t)
+                obs, _ = replay.reset()
+        assert ends == [149]
+        assert (slot["reward"] != 0).sum() >= 2, "a random policy concedes points in 150 steps"
+        assert result.episode_returns == [float(slot["reward"][:150, 0].sum())]
+    finally:
+        loop.close()
+        replay.close()

@@ -108,3 +108,41 @@ def test_import_impala_rl_does_not_import_matplotlib():
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_learning_diagnostics_are_drawn_for_every_key(runs, tmp_path):
+    from impala_rl.plot import DIAGNOSTIC_PANELS
+
+    fig = make_figure({str(runs[0]): load_metrics(runs[0])})
+    by_title = {ax.get_title().split(" (")[0]: ax for ax in fig.axes if ax.get_visible()}
+    labels = {t: {line.get_label() for line in ax.lines} for t, ax in by_title.items()}
+    # a real run records every statistic these panels read
+    assert labels["policy entropy"] == {"policy_entropy/0"}
+    assert labels["losses before coefficients"] == {
+        "policy_loss/0",
+        "critic_value_loss/0",
+        "total_loss",
+    }
+    assert labels["gradient norm before clipping"] == {
+        "grad_norm",
+        "policy_grad_norm/0",
+        "critic_grad_norm/0",
+    }
+    assert labels["V-trace"] == {"vtrace_mean_rho/0", "vtrace_clipped_fraction/0"}
+    assert len(DIAGNOSTIC_PANELS) == 4
+    # a structured run's keys each get a line; a run without them says "no data"
+    run_dir = tmp_path / "keyed"
+    run_dir.mkdir()
+    rows = [
+        {"epoch": e, "env_steps": 100 * e, "policy_entropy/left": 1.0, "policy_entropy/right": 0.9}
+        for e in (1, 2)
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fig = make_figure({"keyed": load_metrics(run_dir)})
+    by_title = {ax.get_title().split(" (")[0]: ax for ax in fig.axes if ax.get_visible()}
+    entropy = by_title["policy entropy"]
+    assert sorted(line.get_label() for line in entropy.lines) == [
+        "policy_entropy/left",
+        "policy_entropy/right",
+    ]
+    assert [t.get_text() for t in by_title["V-trace"].texts] == ["no data"]

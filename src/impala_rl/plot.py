@@ -2,7 +2,9 @@
 
 Panels: training and evaluation return against env steps and against wall time, the
 learner's time breakdown (mean share of an update per ``time_*`` event), the estimated queue
-sizes and the policy lag. Several runs are overlaid, one colour per run directory.
+sizes, the policy lag, throughput, and the panels that say why a run does not learn: policy
+entropy, the losses, the gradient norms and V-trace's importance weights (every policy or
+critic key of each event). Several runs are overlaid, one colour per run directory.
 matplotlib is imported only when a figure is drawn, and only its Agg canvas is used, so no
 display is ever needed and pyplot's global state is left alone.
 """
@@ -29,6 +31,24 @@ TIME_EVENTS = (
     ("time_loss_computation", "loss"),
     ("time_backprob", "backprop"),
 )
+
+# Learning diagnostics: panel -> (statistic or ``event/`` prefix, line style). A prefix draws
+# every key of a keyed event (``policy_entropy/0``, ``policy_entropy/left``, ...).
+DIAGNOSTIC_PANELS = {
+    "entropy": (("policy_entropy/", "-"),),
+    "losses": (("policy_loss/", "-"), ("critic_value_loss/", "--"), ("total_loss", ":")),
+    "gradient norms": (("grad_norm", "-"), ("policy_grad_norm/", "--"), ("critic_grad_norm/", ":")),
+    "V-trace": (("vtrace_mean_rho/", "-"), ("vtrace_clipped_fraction/", "--")),
+}
+DIAGNOSTIC_TITLES = {
+    "entropy": ("policy entropy (nats)", "entropy"),
+    "losses": ("losses before coefficients (solid: policy, dashed: value, dotted: total)", "loss"),
+    "gradient norms": (
+        "gradient norm before clipping (solid: all, dashed: policy, dotted: critic)",
+        "norm",
+    ),
+    "V-trace": ("V-trace (solid: mean rho = pi/mu, dashed: clipped share)", "rho / share"),
+}
 
 Rows = list[dict[str, Any]]
 
@@ -109,6 +129,14 @@ def _mean(rows: Rows, key: str) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def matching_keys(rows: Rows, name: str) -> list[str]:
+    """The statistics of ``rows`` that ``name`` names: itself, or every key under a prefix
+    ending in ``/``; sorted."""
+    if not name.endswith("/"):
+        return [name] if any(name in row for row in rows) else []
+    return sorted({key for row in rows for key in row if key.startswith(name)})
+
+
 def _time_scale(runs: dict[str, Rows]) -> tuple[float, str]:
     longest = max((_num(r.get("wall_time_s")) for rows in runs.values() for r in rows), default=0)
     longest = 0.0 if math.isnan(longest) else longest
@@ -129,11 +157,14 @@ def make_figure(runs: dict[str, Rows]) -> Any:
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    fig = Figure(figsize=(16, 9), layout="constrained")
+    fig = Figure(figsize=(20, 13), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 3)
-    ax_steps, ax_wall, ax_time = axes[0]
-    ax_queue, ax_lag, ax_sps = axes[1]
+    axes = fig.subplots(3, 4)
+    ax_steps, ax_wall, ax_time, ax_sps = axes[0]
+    ax_queue, ax_lag, ax_unused_a, ax_unused_b = axes[1]
+    diagnostic_axes = dict(zip(DIAGNOSTIC_PANELS, axes[2], strict=True))
+    ax_unused_a.set_visible(False)
+    ax_unused_b.set_visible(False)
     colors = [f"C{i % 10}" for i in range(len(runs))]
     scale, unit = _time_scale(runs)
 
@@ -169,6 +200,13 @@ def make_figure(runs: dict[str, Rows]) -> Any:
         if xs:
             ax_sps.plot(xs, ys, "-", color=color, marker=".")
             drawn[ax_sps] = True
+        for panel, ax in diagnostic_axes.items():
+            for name, style in DIAGNOSTIC_PANELS[panel]:
+                for key in matching_keys(rows, name):
+                    xs, ys = _series(rows, "env_steps", key)
+                    if xs:
+                        ax.plot(xs, ys, style, color=color, marker=".", label=key)
+                        drawn[ax] = True
 
     # time breakdown: grouped bars, one group per time_* event, one bar per run
     width = 0.8 / len(runs)
@@ -188,9 +226,15 @@ def make_figure(runs: dict[str, Rows]) -> Any:
         ax_queue: ("queue sizes (solid: before, dashed: after)", "env steps", "rollouts"),
         ax_lag: ("policy lag (line: mean, band: min-max)", "env steps", "updates"),
         ax_sps: ("throughput", "env steps", "env steps / s"),
+        **{
+            ax: (DIAGNOSTIC_TITLES[panel][0], "env steps", DIAGNOSTIC_TITLES[panel][1])
+            for panel, ax in diagnostic_axes.items()
+        },
     }
+    for ax_unused in (ax_unused_a, ax_unused_b):
+        drawn.pop(ax_unused)
     for ax, (title, xlabel, ylabel) in titles.items():
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)

@@ -87,7 +87,8 @@ def make_atari_env(**kwargs: Any) -> gym.Env:
         grayscale_obs=True,
         scale_obs=False,
     )
-    return gym.wrappers.FrameStackObservation(env, cfg.frame_stack)
+    # zero padding at an episode's start, as ale-py's vector env: both paths give equal frames
+    return gym.wrappers.FrameStackObservation(env, cfg.frame_stack, padding_type="zero")
 
 
 def ale_rom_id(game: str) -> str:
