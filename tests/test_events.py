@@ -266,7 +266,7 @@ class ScriptedActors(SequentialDistributedActors):
 def test_scripted_queue_sizes_lag_and_drops_are_reduced_per_epoch(tmp_path, monkeypatch):
     made: list[ScriptedActors] = []
 
-    def make_scripted(cfg, env_factory, model):
+    def make_scripted(cfg, env_factory, model, seed=None):
         made.append(ScriptedActors(env_factory, model, cfg.algorithm, cfg.seed))
         return made[-1]
 
