@@ -612,8 +612,8 @@ def test_cartpole_learns_with_subprocess_actors(tmp_path, monkeypatch):
     make = impala_rl.trainer.make_actors
     recent: deque[float] = deque(maxlen=100)
 
-    def make_and_watch(cfg, env_factory, model):
-        actors = make(cfg, env_factory, model)
+    def make_and_watch(cfg, env_factory, model, seed=None):
+        actors = make(cfg, env_factory, model, seed=seed)
         feed = actors.recent_returns_since_last_call
 
         def watched() -> list[float]:
