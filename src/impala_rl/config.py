@@ -10,6 +10,7 @@ ranges and choices. Every error is a :class:`ConfigError` naming the field and w
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,6 +240,12 @@ class RunConfig:
     """Where statistics and checkpoints go."""
 
 
+def did_you_mean(name: str, valid: list[str] | tuple[str, ...]) -> str:
+    """`` (did you mean 'x'?)`` for the valid name closest to a mistyped one, else ``""``."""
+    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def list_presets() -> list[str]:
     """Names of the shipped presets (``configs/<name>.yaml``)."""
     return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
@@ -253,8 +260,8 @@ def _preset_path(preset: str) -> Path:
     candidate = PRESETS_DIR / f"{preset}.yaml"
     if not candidate.is_file():
         raise ConfigError(
-            f"unknown preset {preset!r}: valid presets are {', '.join(list_presets())}, "
-            "or give a path to a YAML file"
+            f"unknown preset {preset!r}{did_you_mean(preset, list_presets())}: valid presets "
+            f"are {', '.join(list_presets())}, or give a path to a YAML file"
         )
     return candidate
 
@@ -266,7 +273,8 @@ def _omegaconf_message(exc: OmegaConfBaseException, key_hint: str | None = None)
     if "Key" in msg and "not in" in msg:
         section = key.rsplit(".", 1)[0] if key and "." in key else None
         valid = _field_names(section)
-        return f"unknown config key {key!r}; valid keys here are: {', '.join(valid)}"
+        hint = did_you_mean(key.rsplit(".", 1)[-1], valid) if key else ""
+        return f"unknown config key {key!r}{hint}; valid keys here are: {', '.join(valid)}"
     if key:
         return f"invalid value for {key!r}: {msg}"
     return msg
