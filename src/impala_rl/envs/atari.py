@@ -90,6 +90,19 @@ def make_atari_env(**kwargs: Any) -> gym.Env:
     return gym.wrappers.FrameStackObservation(env, cfg.frame_stack)
 
 
+def make_ale_id_env(env_id: str, **kwargs: Any) -> gym.Env:
+    """``env.id=ALE/Pong-v5`` as a plain id: ale-py's ids are registered on demand and the raw
+    RGB frames get :func:`make_atari_env`'s preprocessing (the ``atari`` preset's), since
+    210x160x3 channels-last frames fit none of the encoders; ``kwargs`` are
+    :class:`AtariSettings` other than ``game``."""
+    if "game" in kwargs:
+        raise EnvError(
+            f"env.kwargs.game={kwargs['game']!r} with env.id={env_id!r}: give the game once, "
+            "as env.id (or env.id=impala_rl.envs.atari:make_atari_env with env.kwargs.game)"
+        )
+    return make_atari_env(game=env_id, **kwargs)
+
+
 def ale_rom_id(game: str) -> str:
     """ale-py's ROM id for a Gymnasium id: ``ALE/SpaceInvaders-v5`` -> ``space_invaders``."""
     name = game.split("/")[-1].split("-")[0]

@@ -1,22 +1,26 @@
 """Build environments from an ``env`` config section.
 
 ``env.id`` is either a Gymnasium id (``MinAtar/...`` ids are registered on demand, with
-channels-first ``uint8`` frames, see :mod:`impala_rl.envs.minatar`) or
-``package.module:callable``. Every env is wrapped so
-the model sees one ``Box`` observation: image-like ``uint8`` boxes pass through unchanged (they
-stay ``uint8`` up to the network), everything else (Dict, Tuple, Discrete, MultiDiscrete,
-MultiBinary, multi-dimensional Box) is flattened to a float32 vector.
+channels-first ``uint8`` frames, see :mod:`impala_rl.envs.minatar`; ``ALE/...`` ids are
+registered on demand and get the ``atari`` preset's preprocessing, see
+:func:`impala_rl.envs.atari.make_ale_id_env`) or ``package.module:callable``. Every env is
+wrapped so the model sees one ``Box`` observation: image-like ``uint8`` boxes pass through
+unchanged (they stay ``uint8`` up to the network), everything else (Dict, Tuple, Discrete,
+MultiDiscrete, MultiBinary, multi-dimensional Box) is flattened to a float32 vector.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+ALE_PREFIX = "ALE/"
 
 
 class EnvError(RuntimeError):
@@ -107,6 +111,10 @@ class EnvFactory:
 
             kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}
             env = make_minatar_env(self.env_id, **kwargs)
+        elif self.env_id.startswith(ALE_PREFIX):
+            from impala_rl.envs.atari import make_ale_id_env
+
+            env = make_ale_id_env(self.env_id, **self.kwargs)
         else:
             try:
                 kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}
@@ -137,12 +145,17 @@ class EnvFactory:
         It must autoreset on the same step and put final observations in
         ``info["final_obs"]``, as :class:`~impala_rl.envs.vector.SameStepVectorEnv` does.
         """
-        if ":" not in self.env_id:
+        if self.env_id.startswith(ALE_PREFIX):
+            from impala_rl.envs.atari import make_atari_vector_env
+
+            envs = make_atari_vector_env(num_envs, **{"game": self.env_id, **self.kwargs})
+        elif ":" not in self.env_id:
             return None
-        make = getattr(_import_callable(self.env_id), "make_vector", None)
-        if make is None:
-            return None
-        envs = make(num_envs, **self.kwargs)
+        else:
+            make = getattr(_import_callable(self.env_id), "make_vector", None)
+            if make is None:
+                return None
+            envs = make(num_envs, **self.kwargs)
         if envs is not None and self.max_episode_steps is not None:
             envs.close()
             raise EnvError(
@@ -158,6 +171,15 @@ class EnvFactory:
 def make_env_factory(env_cfg: Any) -> EnvFactory:
     """Factory for the ``env`` config section; builds one env once to fail early."""
     factory = EnvFactory(env_cfg.id, env_cfg.kwargs, env_cfg.max_episode_steps)
+    if env_cfg.id.startswith(ALE_PREFIX):
+        logging.getLogger(__name__).warning(
+            "env.id=%s: raw ALE frames (210x160 RGB) get the atari preset's preprocessing "
+            "(noop resets, frame skip 4 with max-pooling, 84x84 grayscale, 4 stacked frames; "
+            "env.kwargs are its settings); for its CNN and the paper's settings too: "
+            "impala train atari env.kwargs.game=%s",
+            env_cfg.id,
+            env_cfg.id,
+        )
     factory.check_env = True
     try:
         probe = factory()
