@@ -40,6 +40,7 @@ class AtariSettings:
     max_episode_frames: int = 108_000
     vector: str = "python"  # how an actor steps its envs: python | ale
     vector_threads: int = 1  # threads of the ale vector env per actor
+    render_mode: str | None = None  # e.g. rgb_array for impala eval --video (python envs only)
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> AtariSettings:
@@ -74,6 +75,7 @@ def make_atari_env(**kwargs: Any) -> gym.Env:
             repeat_action_probability=cfg.repeat_action_probability,
             full_action_space=cfg.full_action_space,
             max_num_frames_per_episode=cfg.max_episode_frames,
+            render_mode=cfg.render_mode,
             disable_env_checker=True,
         )
     except gym.error.Error as exc:
