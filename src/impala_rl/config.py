@@ -30,6 +30,7 @@ ENCODERS = ("mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
 CORES = ("none", "lstm")
 PRECISIONS = ("fp32", "bf16")
 CRITIC_MODES = ("per_step_key", "shared")
+VECTOR_ENVS = ("auto", "python", "envpool")
 
 
 class ConfigError(ValueError):
@@ -126,6 +127,10 @@ class EnvConfig:
     """Keyword arguments for ``gymnasium.make`` or the factory."""
     max_episode_steps: int | None = None
     """Time limit (truncation) on top of the env's own (``null``: the env's own)."""
+    vector: str = "auto"
+    """How an actor steps its envs: ``python`` (one after the other), ``envpool`` (envpool's
+    C++ vector env, classic control ids) or ``auto`` (envpool for ids it steps faster, e.g.
+    CartPole, when it is installed and ``kwargs`` is empty; else ``python``)."""
     eval_kwargs: dict[str, Any] = field(default_factory=dict)
     """Entries that replace ``kwargs`` for the evaluation env (e.g. a fixed opponent)."""
 
@@ -484,6 +489,7 @@ def validate(cfg: RunConfig) -> None:
         )
 
     _check(bool(cfg.env.id), "env.id", "a Gymnasium id or module:callable", cfg.env.id)
+    _check(cfg.env.vector in VECTOR_ENVS, "env.vector", " | ".join(VECTOR_ENVS), cfg.env.vector)
     if cfg.env.max_episode_steps is not None:
         _check(
             cfg.env.max_episode_steps >= 1,

@@ -85,11 +85,16 @@ class EnvFactory:
     """A picklable callable that builds one wrapped env (sent to actor processes as is)."""
 
     def __init__(
-        self, env_id: str, kwargs: dict | None = None, max_episode_steps: int | None = None
+        self,
+        env_id: str,
+        kwargs: dict | None = None,
+        max_episode_steps: int | None = None,
+        vector: str = "auto",
     ):
         self.env_id = env_id
         self.kwargs = dict(kwargs or {})
         self.max_episode_steps = max_episode_steps
+        self.vector = vector  # env.vector: auto | python | envpool
         self.check_env = False  # Gymnasium's env checker: only on the probe, off the hot path
 
     def __call__(self) -> gym.Env:
@@ -140,7 +145,8 @@ class EnvFactory:
 
     def make_vector(self, num_envs: int) -> Any:
         """A native vector env of ``num_envs`` copies when the env's callable offers one (a
-        ``make_vector`` attribute, e.g. Atari with ``env.kwargs.vector=ale``), else ``None``.
+        ``make_vector`` attribute, e.g. Atari with ``env.kwargs.vector=ale``) or envpool steps
+        the id (``vector``, see :mod:`impala_rl.envs.envpool`), else ``None``.
 
         It must autoreset on the same step and put final observations in
         ``info["final_obs"]``, as :class:`~impala_rl.envs.vector.SameStepVectorEnv` does.
@@ -150,6 +156,17 @@ class EnvFactory:
 
             envs = make_atari_vector_env(num_envs, **{"game": self.env_id, **self.kwargs})
         elif ":" not in self.env_id:
+            from impala_rl.envs import envpool
+
+            if self.vector == "envpool" or (
+                self.vector == "auto"
+                and self.env_id in envpool.FASTER_IDS
+                and not self.kwargs
+                and envpool.envpool_installed()
+            ):
+                return envpool.EnvpoolVectorEnv(
+                    self.env_id, num_envs, self.kwargs, self.max_episode_steps
+                )
             return None
         else:
             make = getattr(_import_callable(self.env_id), "make_vector", None)
@@ -170,7 +187,9 @@ class EnvFactory:
 
 def make_env_factory(env_cfg: Any) -> EnvFactory:
     """Factory for the ``env`` config section; builds one env once to fail early."""
-    factory = EnvFactory(env_cfg.id, env_cfg.kwargs, env_cfg.max_episode_steps)
+    factory = EnvFactory(env_cfg.id, env_cfg.kwargs, env_cfg.max_episode_steps, env_cfg.vector)
+    if env_cfg.vector == "envpool":
+        factory.make_vector(1).close()  # refuses ids envpool lacks, and a missing envpool
     if env_cfg.id.startswith(ALE_PREFIX):
         logging.getLogger(__name__).warning(
             "env.id=%s: raw ALE frames (210x160 RGB) get the atari preset's preprocessing "
