@@ -12,6 +12,7 @@ import pytest
 from impala_rl import config as config_module
 from impala_rl.config import (
     PRESETS_DIR,
+    RULES,
     ConfigError,
     ImpalaAlgorithmConfig,
     RunConfig,
@@ -388,3 +389,43 @@ def test_the_top_level_configs_folder_holds_the_presets():
     top = Path(__file__).resolve().parents[1] / "configs"
     assert sorted(p.stem for p in top.glob("*.yaml")) == list_presets()
     assert (top / "cartpole.yaml").read_text() == (PRESETS_DIR / "cartpole.yaml").read_text()
+
+
+def test_every_rule_names_a_config_field_and_the_defaults_pass():
+    cfg = RunConfig()
+    for key in RULES:
+        target = cfg
+        for part in key.split("."):
+            assert hasattr(target, part), key
+            target = getattr(target, part)
+    config_module.validate(cfg)
+
+
+@pytest.mark.parametrize("value", ["0.5", "0", "inf", "nan", "-1"])
+def test_queue_out_of_sync_factor_must_be_finite_and_hold_a_batch(value):
+    with pytest.raises(ConfigError) as info:
+        load_config("cartpole", [f"algorithm.queue_out_of_sync_factor={value}"])
+    assert "'algorithm.queue_out_of_sync_factor'" in str(info.value)
+    assert "valid: a number >= 1" in str(info.value)
+
+
+def test_queue_out_of_sync_factor_accepts_one_batch_and_more():
+    for value in (1, 1.5, 4):
+        cfg = load_config("cartpole", [f"algorithm.queue_out_of_sync_factor={value}"])
+        assert cfg.algorithm.queue_out_of_sync_factor == value
+
+
+@pytest.mark.parametrize(
+    "override", ["algorithm.lr=inf", "algorithm.gamma=nan", "runner.shutdown_timeout_s=inf"]
+)
+def test_numbers_must_be_finite(override):
+    with pytest.raises(ConfigError, match=repr(override.split("=")[0])):
+        load_config("cartpole", [override])
+
+
+def test_choice_tuples_are_defined_once():
+    from impala_rl.nn import encoders, mlp
+
+    assert encoders.ENCODERS is config_module.ENCODERS
+    assert mlp.ACTIVATIONS is config_module.ACTIVATIONS
+    assert RULES["model.encoder"].valid == " | ".join(config_module.ENCODERS)
