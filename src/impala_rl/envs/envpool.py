@@ -96,10 +96,8 @@ class EnvpoolVectorEnv:
         self._seed: int | None = None
         self._pool: Any = None
         self._build(0)
-        with warnings.catch_warnings():  # its Box bounds are float64, cast to float32
-            warnings.simplefilter("ignore", UserWarning)
-            self.single_observation_space = self._pool.observation_space
-            self.single_action_space = self._pool.action_space
+        self.single_observation_space = self._pool.observation_space
+        self.single_action_space = self._pool.action_space
 
     def _build(self, seed: int) -> None:
         if self._pool is not None:
@@ -116,6 +114,8 @@ class EnvpoolVectorEnv:
                     seed=seed,
                     **self._options,
                 )
+                # built lazily; their Box bounds are float64, cast to float32 with a warning
+                self._pool.observation_space, self._pool.action_space  # noqa: B018
         except (TypeError, ValueError, RuntimeError) as exc:
             raise EnvError(
                 f"env.kwargs for {self.env_id!r} with env.vector=envpool: {exc}"
