@@ -138,15 +138,11 @@ class EnvpoolVectorEnv:
         out: dict[str, Any] = {}
         done = np.logical_or(terminated, truncated)
         if truncated.any():
-            cut = np.flatnonzero(truncated & ~terminated)
-            ended = self._terminal(obs[cut])
-            terminated = terminated.copy()
-            terminated[cut[ended]] = True
+            ended = truncated & ~terminated & self._terminal(obs)
+            terminated = terminated | ended
         if done.any():
             idx = np.flatnonzero(done)
-            final = np.empty(self.num_envs, dtype=object)
-            for i in idx:
-                final[i] = obs[i].copy()
+            final = obs.copy()  # rows of envs still running are masked out by _final_obs
             first, reset_info = self._pool.reset(idx.astype(np.int32))
             if not np.array_equal(reset_info["env_id"], idx):
                 raise EnvError(f"envpool reset envs {reset_info['env_id'].tolist()}, not {idx}")
