@@ -3,14 +3,18 @@
 Prints
 
 1. the raw ceiling: env steps/s of random actions in a vector env of 8, 16 and 32 CartPole-v1
-   envs in this one process (one core), Gymnasium's ``SyncVectorEnv`` and the project's
-   ``SameStepVectorEnv``, median of ``--raw-runs`` runs; the ceiling is the best of them;
+   envs in this one process (one core), Gymnasium's ``SyncVectorEnv`` (same-step autoreset),
+   the project's ``SameStepVectorEnv`` and envpool (when installed), median of ``--raw-runs``
+   runs; the ceiling is the best of them, and the ratio of ours to Gymnasium's;
 2. training env steps/s (``summary.env_steps / summary.wall_time_s``, actor start-up and the
    per-epoch evaluation included) with the ``cartpole`` preset's MLP and a fixed env-step
    budget: the preset as is, then the sequential and subprocess backends with 1, 2 and 4 actors
    of 64 envs each (unroll 32): median, min and max over ``--runs`` runs, and the ratio to the
    raw ceiling;
-3. the share of the learner's update time (``time_update``) spent recording events in
+3. the issue's target: training with the subprocess backend, 2 actors x 64 envs, unroll 32
+   (``env.vector=auto``) over the raw rate of Gymnasium's ``SyncVectorEnv`` x16, both measured
+   in this run (the same with ``env.vector=python`` is listed for comparison);
+4. the share of the learner's update time (``time_update``) spent recording events in
    ``Trainer._record_update``.
 
 Timings depend on whatever else runs on the machine; compare figures from one invocation.
@@ -34,6 +38,7 @@ import numpy as np
 
 import impala_rl
 from impala_rl.envs import EnvFactory, make_vector_env
+from impala_rl.envs.envpool import envpool_installed
 from impala_rl.trainer import Trainer
 
 # Throughput setting: the preset's MLP with larger per-actor vector envs and unrolls, so the
@@ -60,16 +65,33 @@ BACKENDS: list[tuple[str, list[str]]] = [
         )
         for n in (1, 2, 4)
     ),
+    (
+        "subprocess, 2 actors, python",
+        [
+            "runner.backend=subprocess",
+            "algorithm.num_actors=2",
+            "env.vector=python",
+            *THROUGHPUT,
+        ],
+    ),
     ("ray, 2 actors", ["runner.backend=ray", "algorithm.num_actors=2", *THROUGHPUT]),
 ]
+TARGET = "subprocess, 2 actors"  # env.vector=auto: envpool when installed
 
 
 # -- raw env stepping ---------------------------------------------------------------------------
-def raw_steps_per_second(num_envs: int, steps: int, seed: int = 0, lean: bool = False) -> float:
-    """Random actions in a same-step-autoreset vector env: Gymnasium's ``SyncVectorEnv``, or
-    (``lean``) the project's ``SameStepVectorEnv`` that the actors use."""
-    if lean:
-        envs = make_vector_env(EnvFactory("CartPole-v1"), num_envs)
+RAW_KINDS = {"gymnasium": "SyncVectorEnv", "python": "SameStepVectorEnv", "envpool": "envpool"}
+REFERENCE = "SyncVectorEnv x16"  # the issue's yardstick: Gymnasium's own, 16 envs, one core
+
+
+def raw_steps_per_second(
+    num_envs: int, steps: int, seed: int = 0, kind: str = "gymnasium"
+) -> float:
+    """Random actions in a same-step-autoreset vector env: Gymnasium's ``SyncVectorEnv``
+    (``gymnasium``), the project's ``SameStepVectorEnv`` (``python``) or envpool through
+    ``EnvpoolVectorEnv`` (``envpool``), on one core."""
+    if kind != "gymnasium":
+        envs = make_vector_env(EnvFactory("CartPole-v1", vector=kind), num_envs)
     else:
         envs = gym.vector.SyncVectorEnv(
             [lambda: gym.make("CartPole-v1") for _ in range(num_envs)],
@@ -163,19 +185,23 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"raw CartPole-v1 stepping, random actions, one process ({raw_runs} runs each)")
     raw: dict[str, float] = {}
-    for lean in (False, True):
+    kinds = [k for k in RAW_KINDS if k != "envpool" or envpool_installed()]
+    for kind in kinds:
         for num_envs in (8, 16, 32):
             values = [
-                raw_steps_per_second(num_envs, raw_steps, seed=i, lean=lean)
+                raw_steps_per_second(num_envs, raw_steps, seed=i, kind=kind)
                 for i in range(raw_runs)
             ]
-            name = f"{'SameStepVectorEnv' if lean else 'SyncVectorEnv'} x{num_envs}"
+            name = f"{RAW_KINDS[kind]} x{num_envs}"
             raw[name] = statistics.median(values)
             print(
                 f"  {name:<22} median {fmt(raw[name])} steps/s "
                 f"(min {fmt(min(values))}, max {fmt(max(values))})"
             )
     ceiling = max(raw.values())
+    for n in (8, 16, 32):
+        ours, theirs = raw[f"SameStepVectorEnv x{n}"], raw[f"SyncVectorEnv x{n}"]
+        print(f"  SameStepVectorEnv / SyncVectorEnv (same-step mode) x{n}: {ours / theirs:.2f}")
 
     print(f"\ntraining (cartpole preset's MLP): {steps} env steps per run, {runs} run(s) each")
     timer = RecordTimer()
@@ -226,6 +252,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{timer.calls} updates)"
     )
     medians = {name: statistics.median(values) for name, values, _ in results}
+    if TARGET in medians:
+        print(
+            f"{TARGET} (env.vector=auto) / raw {REFERENCE}: "
+            f"{fmt(medians[TARGET])} / {fmt(raw[REFERENCE])} = "
+            f"{medians[TARGET] / raw[REFERENCE]:.2f} (target >= 1.0)"
+        )
     if "ray, 2 actors" in medians and "subprocess, 2 actors" in medians:
         ray_steady = statistics.median(steady["ray, 2 actors"])
         sub_steady = statistics.median(steady["subprocess, 2 actors"])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -245,3 +247,38 @@ def test_actor_loop_attaches_each_reward_and_done_to_the_action_that_caused_it()
     finally:
         loop.close()
         replay.close()
+
+
+def test_ale_ids_are_registered_on_demand_with_the_atari_preprocessing(caplog):
+    from impala_rl.envs import make_env_factory
+
+    # a fresh process, where nothing has imported ale_py: the id alone must be enough
+    code = "from impala_rl.envs import EnvFactory; print(EnvFactory('ALE/Pong-v5')().spec.id)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["ALE/Pong-v5"]
+    cfg = load_config("cartpole", ["env.id=ALE/Pong-v5", "env.kwargs.noop_max=0"])
+    with caplog.at_level("WARNING"):
+        factory = make_env_factory(cfg.env)
+    assert "atari preset's preprocessing" in caplog.text
+    assert "impala train atari env.kwargs.game=ALE/Pong-v5" in caplog.text
+    env = factory()
+    reference = EnvFactory(ATARI, {"game": "ALE/Pong-v5", "noop_max": 0})()
+    try:
+        assert env.observation_space == gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+        assert env.action_space == reference.action_space
+        obs, _ = env.reset(seed=5)
+        ref, _ = reference.reset(seed=5)
+        np.testing.assert_array_equal(obs, ref)
+    finally:
+        env.close()
+        reference.close()
+    with pytest.raises(EnvError, match="give the game once"):
+        EnvFactory("ALE/Pong-v5", {"game": "ALE/Breakout-v5"})()
+    envs = make_vector_env(EnvFactory("ALE/Pong-v5", {"vector": "ale"}), 2)
+    try:
+        assert type(envs).__name__ != "SameStepVectorEnv"
+        assert envs.reset(seed=0)[0].shape == (2, 4, 84, 84)
+    finally:
+        envs.close()

@@ -222,3 +222,50 @@ def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, signum):
     assert summary["updates"] >= 2  # at least the epoch that wrote the first checkpoint
     # Nothing it started outlives it.
     assert _process_group(proc.pid) == []
+
+
+def test_eval_writes_its_result_as_json_next_to_the_run(tmp_path, capsys):
+    from impala_rl import cli
+
+    run_dir = tmp_path / "run"
+    _tiny_run(run_dir)
+    assert not (run_dir / "eval.json").exists()
+    assert cli.main(["eval", str(run_dir), "--episodes", "3", "--seed", "4"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    saved = json.loads((run_dir / "eval.json").read_text())
+    assert saved == {**printed, "which": "best", "stochastic": False, "seed": 4}
+    assert saved["episodes"] == 3 and 1.0 <= saved["mean_return"] <= 500.0
+    assert not list(run_dir.glob("*.tmp"))
+
+
+def test_eval_video_without_an_encoder_says_what_to_install(tmp_path, capsys, monkeypatch):
+    from impala_rl import cli
+
+    run_dir = tmp_path / "run"
+    _tiny_run(run_dir)
+    monkeypatch.setitem(sys.modules, "moviepy", None)  # import moviepy -> ImportError
+    code = cli.main(["eval", str(run_dir), "--video", str(tmp_path / "cp.mp4")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("impala: error: --video needs an MP4 encoder")
+    assert "pip install 'impala-rl[video]'" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "cp.mp4").exists() and not (run_dir / "eval.json").exists()
+
+
+def test_eval_video_records_the_first_episode_to_the_file(tmp_path, capsys):
+    pytest.importorskip("moviepy")
+    pytest.importorskip("pygame")  # classic control renders with pygame
+    import imageio_ffmpeg
+
+    from impala_rl import cli
+
+    run_dir = tmp_path / "run"
+    _tiny_run(run_dir)
+    video = tmp_path / "cp.mp4"
+    assert cli.main(["eval", str(run_dir), "--episodes", "2", "--video", str(video)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert video.read_bytes()[4:8] == b"ftyp"  # an MP4 container
+    n_frames, _ = imageio_ffmpeg.count_frames_and_secs(str(video))
+    assert n_frames >= 9  # the reset frame and one per step; CartPole lasts 8+ steps
+    assert report["episodes"] == 2
+    assert json.loads((run_dir / "eval.json").read_text())["video"] == str(video.resolve())
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".video")] == []

@@ -5,11 +5,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+from pathlib import Path
 
 import pytest
 
 from impala_rl import config as config_module
 from impala_rl.config import (
+    PRESETS_DIR,
+    RULES,
     ConfigError,
     ImpalaAlgorithmConfig,
     RunConfig,
@@ -395,3 +398,63 @@ def test_every_config_field_has_a_docstring():
 def test_algorithm_defaults_are_valid():
     cfg = RunConfig(algorithm=ImpalaAlgorithmConfig())
     config_module.validate(cfg)
+
+
+@pytest.mark.parametrize(
+    "preset, overrides, suggestion",
+    [
+        ("cartpol", [], "did you mean 'cartpole'?"),
+        ("minatar_breakuot", [], "did you mean 'minatar_breakout'?"),
+        ("cartpole", ["algorithm.entropy_coeff=0.1"], "did you mean 'entropy_coef'?"),
+        ("cartpole", ["model.hiden_sizes=[8]"], "did you mean 'hidden_sizes'?"),
+        ("cartpole", ["algorithm.rollout_evaluator.n_episode=3"], "did you mean 'n_episodes'?"),
+    ],
+)
+def test_mistyped_presets_and_keys_suggest_the_nearest_valid_name(preset, overrides, suggestion):
+    with pytest.raises(ConfigError) as info:
+        load_config(preset, overrides)
+    assert suggestion in str(info.value)
+
+
+def test_names_far_from_every_valid_one_get_no_suggestion():
+    with pytest.raises(ConfigError) as info:
+        load_config("cartpole", ["model.depth=3"])
+    assert "did you mean" not in str(info.value)
+
+
+def test_the_top_level_configs_folder_holds_the_presets():
+    top = Path(__file__).resolve().parents[1] / "configs"
+    assert sorted(p.stem for p in top.glob("*.yaml")) == list_presets()
+    assert (top / "cartpole.yaml").read_text() == (PRESETS_DIR / "cartpole.yaml").read_text()
+
+
+def test_every_rule_names_a_config_field_and_the_defaults_pass():
+    cfg = RunConfig()
+    for key in RULES:
+        target = cfg
+        for part in key.split("."):
+            assert hasattr(target, part), key
+            target = getattr(target, part)
+    config_module.validate(cfg)
+
+
+def test_queue_out_of_sync_factor_accepts_one_batch_and_more():
+    for value in (1, 1.5, 4):
+        cfg = load_config("cartpole", [f"algorithm.queue_out_of_sync_factor={value}"])
+        assert cfg.algorithm.queue_out_of_sync_factor == value
+
+
+@pytest.mark.parametrize(
+    "override", ["algorithm.lr=inf", "algorithm.gamma=nan", "runner.shutdown_timeout_s=inf"]
+)
+def test_numbers_must_be_finite(override):
+    with pytest.raises(ConfigError, match=repr(override.split("=")[0])):
+        load_config("cartpole", [override])
+
+
+def test_choice_tuples_are_defined_once():
+    from impala_rl.nn import encoders, mlp
+
+    assert encoders.ENCODERS is config_module.ENCODERS
+    assert mlp.ACTIVATIONS is config_module.ACTIVATIONS
+    assert RULES["model.encoder"].valid == " | ".join(config_module.ENCODERS)

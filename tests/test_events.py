@@ -444,7 +444,9 @@ def test_console_prints_an_epoch_table(tmp_path, monkeypatch):
     from rich.console import Console
 
     buffer = io.StringIO()
-    monkeypatch.setattr(writers_mod, "Console", lambda: Console(file=buffer, width=200))
+    monkeypatch.setattr(
+        writers_mod, "Console", lambda: Console(file=buffer, width=200, force_terminal=True)
+    )
     cfg = load_config(
         "cartpole",
         [
@@ -459,9 +461,39 @@ def test_console_prints_an_epoch_table(tmp_path, monkeypatch):
     Trainer(cfg, run_dir=tmp_path / "run").train()
     text = buffer.getvalue()
     assert "epoch 1" in text
-    header = next(line for line in text.splitlines() if "return" in line)
+    header = next(line for line in text.splitlines() if "pg loss" in line)
     for label in ("return", "eval", "length", "steps/s", "pg loss", "|grad|", "lag", "lr"):
         assert label in header, label
+
+
+def test_console_without_a_terminal_prints_one_untruncated_line_per_epoch(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    buffer = io.StringIO()  # a file, as with nohup or `> train.log`: not a terminal
+    monkeypatch.setattr(writers_mod, "Console", lambda: Console(file=buffer, width=80))
+    cfg = load_config(
+        "cartpole",
+        [
+            *LAYOUT,
+            "algorithm.n_epochs=2",
+            "algorithm.epoch_length=1",
+            "algorithm.rollout_evaluator.n_episodes=2",
+            "runner.backend=sequential",
+            "log.console=true",
+            "log.tensorboard=false",
+        ],
+    )
+    run_dir = tmp_path / "run"
+    Trainer(cfg, run_dir=run_dir).train()
+    lines = buffer.getvalue().splitlines()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and all(len(line) > 80 for line in lines)  # not cut to the width
+    assert "━" not in buffer.getvalue() and "…" not in buffer.getvalue()
+    for line, row in zip(lines, rows, strict=True):
+        pairs = dict(part.split("=", 1) for part in line.split(" "))
+        assert int(pairs["epoch"]) == row["epoch"] and int(pairs["env_steps"]) == row["env_steps"]
+        for name in ("episode_return/mean", "eval_return/mean", "policy_loss/0", "grad_norm"):
+            assert float(pairs[name]) == pytest.approx(row[name], rel=1e-5), name
 
 
 # -- Weights & Biases -----------------------------------------------------------------------------

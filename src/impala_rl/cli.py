@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,7 +14,8 @@ EPILOG = """examples:
   impala train cartpole algorithm.lr=3e-4 seed=1 --run-dir runs/cp1
   impala train --config my.yaml max_env_steps=100000
   impala train --resume runs/cp1
-  impala eval runs/cp1 --episodes 20
+  impala eval runs/cp1 --episodes 20          # also writes runs/cp1/eval.json
+  impala eval runs/cp1 --episodes 1 --video cp1.mp4
   impala plot runs/cp1 runs/cp2 --out compare.png
 """
 
@@ -58,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="cut episodes after this many steps (default: the run's "
         "algorithm.rollout_evaluator.max_episode_steps)",
+    )
+    ev.add_argument(
+        "--video",
+        metavar="FILE.mp4",
+        help="record the first episode (needs rgb_array rendering and MoviePy)",
     )
     plot = sub.add_parser("plot", help="draw runs' metrics.jsonl into a PNG")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs to overlay")
@@ -112,30 +119,48 @@ def _eval(args: argparse.Namespace) -> int:
         raise _UsageError("--episodes must be >= 1")
     if args.max_episode_steps is not None and args.max_episode_steps < 1:
         raise _UsageError("--max-episode-steps must be >= 1")
-    policy = load_policy(Path(args.run_dir), args.which)
+    if args.video and (args.render or not args.video.endswith(".mp4")):
+        raise _UsageError("--video takes a FILE.mp4 and does not go with --render")
+    run_dir = Path(args.run_dir)
+    policy = load_policy(run_dir, args.which)
     max_steps = args.max_episode_steps
     if max_steps is None:
         max_steps = policy.config.algorithm.rollout_evaluator.max_episode_steps
     env_cfg = policy.config.env
     kwargs = {**env_cfg.kwargs, **env_cfg.eval_kwargs}
-    if args.render:
-        kwargs["render_mode"] = "human"
+    if args.render or args.video:
+        kwargs["render_mode"] = "human" if args.render else "rgb_array"
     factory = EnvFactory(env_cfg.id, kwargs, env_cfg.max_episode_steps)
+    structured = isinstance(policy.model, StructuredActorCritic)
+    recording = None
+    if args.video:
+        from impala_rl.envs.video import check_video_support, recording_factory
+
+        check_video_support(factory)
+        recording = recording_factory(factory, Path(args.video))
     n_parallel = 1 if args.render else args.episodes
     returns: list[float] = []
     wins: list[bool] = []
-    structured = isinstance(policy.model, StructuredActorCritic)
-    while len(returns) < args.episodes:
-        result = (evaluate_structured if structured else evaluate)(
-            policy.model,
-            factory,
-            min(n_parallel, args.episodes - len(returns)),
-            deterministic=not args.stochastic,
-            seed=args.seed + len(returns),
-            max_episode_steps=max_steps,
-        )
-        returns += result.returns
-        wins += result.wins or []
+    try:
+        while len(returns) < args.episodes:
+            video_now = recording is not None and not returns
+            result = (evaluate_structured if structured else evaluate)(
+                policy.model,
+                recording[0] if video_now else factory,  # type: ignore[index]
+                1 if video_now else min(n_parallel, args.episodes - len(returns)),
+                deterministic=not args.stochastic,
+                seed=args.seed + len(returns),
+                max_episode_steps=max_steps,
+            )
+            if video_now:
+                from impala_rl.envs.video import finish_recording
+
+                finish_recording(recording[1], Path(args.video))  # type: ignore[index]
+            returns += result.returns
+            wins += result.wins or []
+    finally:
+        if recording is not None:
+            shutil.rmtree(recording[1], ignore_errors=True)
     report = {
         "episodes": len(returns),
         "mean_return": float(np.mean(returns)),
@@ -145,6 +170,13 @@ def _eval(args: argparse.Namespace) -> int:
     }
     if len(wins) == len(returns):
         report["win_rate"] = float(np.mean(wins))
+    settings = {"which": args.which, "stochastic": args.stochastic, "seed": args.seed}
+    if args.video:
+        settings["video"] = str(Path(args.video).resolve())
+    path = run_dir / "eval.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({**report, **settings}, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
     print(json.dumps(report, indent=2))
     return 0
 

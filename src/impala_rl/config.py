@@ -4,16 +4,19 @@ The run config has top-level keys (``seed`` and the stop conditions) and one sec
 concern: ``algorithm`` (:class:`ImpalaAlgorithmConfig`, the field names Maze-RL users know),
 ``env``, ``model``, ``runner`` and ``log``. OmegaConf merges presets and overrides against the
 dataclass schema, which refuses unknown keys and wrong types; :func:`validate` then checks
-ranges and choices. Every error is a :class:`ConfigError` naming the field and what is valid.
+the ranges and choices declared once in :data:`RULES` (and the few rules relating two
+fields). Every error is a :class:`ConfigError` naming the field and what is valid.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -30,6 +33,7 @@ ENCODERS = ("mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
 CORES = ("none", "lstm")
 PRECISIONS = ("fp32", "bf16")
 CRITIC_MODES = ("per_step_key", "shared")
+VECTOR_ENVS = ("auto", "python", "envpool")
 
 
 class ConfigError(ValueError):
@@ -46,12 +50,6 @@ class RolloutEvaluatorConfig:
     """Take the mode of the action distribution instead of sampling."""
     max_episode_steps: int | None = None
     """Cut evaluation episodes after this many steps (``null``: the env's own limit)."""
-    background: bool = False
-    """Evaluate a snapshot of the epoch's weights in a thread while training goes on (one
-    evaluation at a time: an epoch that ends while one runs is not evaluated). Best-model
-    selection, patience and ``target_return`` act on each result when it arrives, with the
-    snapshot's weights and epoch; ``false``: evaluate at the end of every epoch, training
-    paused."""
 
 
 @dataclass
@@ -99,7 +97,7 @@ class ImpalaAlgorithmConfig:
     device: str = "cpu"
     """Learner device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available)."""
     queue_out_of_sync_factor: float = 1.0
-    """At most ``ceil(factor * actors_batch_size)`` (>= one batch) finished rollouts wait."""
+    """At most ``factor * actors_batch_size`` finished rollouts wait for the learner."""
     actors_batch_size: int = 2
     """Rollouts (one per actor unroll) gathered into one learner batch."""
     num_actors: int = 2
@@ -132,6 +130,11 @@ class EnvConfig:
     """Keyword arguments for ``gymnasium.make`` or the factory."""
     max_episode_steps: int | None = None
     """Time limit (truncation) on top of the env's own (``null``: the env's own)."""
+    vector: str = "python"
+    """How an actor steps its envs: ``python`` (one after the other), ``envpool`` (envpool's
+    C++ vector env, classic control ids) or ``auto`` (envpool for ids it steps faster, e.g.
+    CartPole, when it is installed and ``kwargs`` is empty; else ``python``). The default stays
+    ``python`` until envpool measures faster in whole training runs, not only raw stepping."""
     eval_kwargs: dict[str, Any] = field(default_factory=dict)
     """Entries that replace ``kwargs`` for the evaluation env (e.g. a fixed opponent)."""
 
@@ -246,6 +249,12 @@ class RunConfig:
     """Where statistics and checkpoints go."""
 
 
+def did_you_mean(name: str, valid: list[str] | tuple[str, ...]) -> str:
+    """`` (did you mean 'x'?)`` for the valid name closest to a mistyped one, else ``""``."""
+    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def list_presets() -> list[str]:
     """Names of the shipped presets (``configs/<name>.yaml``)."""
     return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
@@ -260,8 +269,8 @@ def _preset_path(preset: str) -> Path:
     candidate = PRESETS_DIR / f"{preset}.yaml"
     if not candidate.is_file():
         raise ConfigError(
-            f"unknown preset {preset!r}: valid presets are {', '.join(list_presets())}, "
-            "or give a path to a YAML file"
+            f"unknown preset {preset!r}{did_you_mean(preset, list_presets())}: valid presets "
+            f"are {', '.join(list_presets())}, or give a path to a YAML file"
         )
     return candidate
 
@@ -273,7 +282,8 @@ def _omegaconf_message(exc: OmegaConfBaseException, key_hint: str | None = None)
     if "Key" in msg and "not in" in msg:
         section = key.rsplit(".", 1)[0] if key and "." in key else None
         valid = _field_names(section)
-        return f"unknown config key {key!r}; valid keys here are: {', '.join(valid)}"
+        hint = did_you_mean(key.rsplit(".", 1)[-1], valid) if key else ""
+        return f"unknown config key {key!r}{hint}; valid keys here are: {', '.join(valid)}"
     if key:
         return f"invalid value for {key!r}: {msg}"
     return msg
@@ -347,6 +357,136 @@ def to_yaml(cfg: RunConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
+def _is_host_port(address: str) -> bool:
+    """``host:port`` (optionally ``ray://host:port``, Ray Client) with a numeric port."""
+    if address.startswith("ray://"):
+        address = address[len("ray://") :]
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
+class Rule(NamedTuple):
+    """A declared constraint on one field: ``ok(value)``, and the text saying what is valid.
+    ``nullable`` fields also accept ``null``."""
+
+    ok: Callable[[Any], bool]
+    valid: str
+    nullable: bool = False
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _kind(integer: bool) -> str:
+    return "an integer" if integer else "a number"
+
+
+def _or_null(text: str, nullable: bool) -> str:
+    return f"{text} or null" if nullable else text
+
+
+def at_least(bound: float, integer: bool = False, nullable: bool = False) -> Rule:
+    text = _or_null(f"{_kind(integer)} >= {bound}", nullable)
+    return Rule(lambda v: _number(v) and v >= bound, text, nullable)
+
+
+def above(bound: float, nullable: bool = False) -> Rule:
+    return Rule(
+        lambda v: _number(v) and v > bound, _or_null(f"a number > {bound}", nullable), nullable
+    )
+
+
+def unit_interval(closed_above: bool = True) -> Rule:
+    if closed_above:
+        return Rule(lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]")
+    return Rule(lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)")
+
+
+def one_of(choices: tuple[str, ...]) -> Rule:
+    return Rule(lambda v: v in choices, " | ".join(choices))
+
+
+def _device(value: str) -> bool:
+    return value in ("auto", "cpu", "mps") or value.startswith("cuda")
+
+
+# Every range and choice of the schema, by dotted key. The schema's types come first (OmegaConf
+# refuses unknown keys and wrong types); these rules then run in this order.
+RULES: dict[str, Rule] = {
+    "max_env_steps": at_least(1, integer=True, nullable=True),
+    "max_wall_time_s": above(0, nullable=True),
+    "algorithm.epoch_length": at_least(1, integer=True),
+    "algorithm.n_rollout_steps": at_least(1, integer=True),
+    "algorithm.lr": above(0),
+    "algorithm.lr_final": at_least(0),
+    "algorithm.lr_schedule": one_of(LR_SCHEDULES),
+    "algorithm.lr_decay_env_steps": at_least(1, integer=True, nullable=True),
+    "algorithm.gamma": unit_interval(),
+    "algorithm.policy_loss_coef": at_least(0),
+    "algorithm.value_loss_coef": at_least(0),
+    "algorithm.entropy_coef": at_least(0),
+    "algorithm.max_grad_norm": at_least(0, nullable=True),
+    "algorithm.optimizer": one_of(OPTIMIZERS),
+    "algorithm.adam_betas": Rule(
+        lambda v: len(v) == 2 and all(_number(b) and 0 <= b < 1 for b in v),
+        "two numbers in [0, 1)",
+    ),
+    "algorithm.rmsprop_alpha": unit_interval(closed_above=False),
+    "algorithm.rmsprop_momentum": at_least(0),
+    "algorithm.optimizer_eps": above(0),
+    "algorithm.device": Rule(_device, "cpu | cuda | cuda:N | mps | auto"),
+    # algorithm.queue_out_of_sync_factor: against actors_batch_size in validate()
+    "algorithm.actors_batch_size": at_least(1, integer=True),
+    "algorithm.num_actors": at_least(1, integer=True),
+    "algorithm.envs_per_actor": at_least(1, integer=True),
+    "algorithm.vtrace_clip_rho_threshold": above(0, nullable=True),
+    "algorithm.vtrace_clip_pg_rho_threshold": above(0, nullable=True),
+    "algorithm.vtrace_clip_c_threshold": above(0, nullable=True),
+    "algorithm.vtrace_lambda": unit_interval(),
+    "algorithm.reward_clipping": one_of(REWARD_CLIPPING_MODES),
+    "algorithm.max_policy_lag": at_least(0, integer=True, nullable=True),
+    "algorithm.critic_burn_in_epochs": at_least(0, integer=True),
+    "algorithm.rollout_evaluator.n_episodes": at_least(1, integer=True),
+    "algorithm.rollout_evaluator.max_episode_steps": at_least(1, integer=True, nullable=True),
+    "env.id": Rule(bool, "a Gymnasium id or module:callable"),
+    "env.max_episode_steps": at_least(1, integer=True, nullable=True),
+    "env.vector": one_of(VECTOR_ENVS),
+    "model.hidden_sizes": Rule(
+        lambda v: len(v) >= 1 and all(h >= 1 for h in v), "a non-empty list of integers >= 1"
+    ),
+    "model.activation": one_of(ACTIVATIONS),
+    "model.encoder": one_of(ENCODERS),
+    "model.core": one_of(CORES),
+    "model.lstm_hidden_size": at_least(1, integer=True),
+    "model.precision": one_of(PRECISIONS),
+    "model.critic": one_of(CRITIC_MODES),
+    "runner.backend": one_of(BACKENDS),
+    "runner.start_method": one_of(START_METHODS),
+    "runner.max_actor_restarts": at_least(0, integer=True),
+    "runner.learner_threads": at_least(1, integer=True, nullable=True),
+    "runner.shutdown_timeout_s": above(0),
+    "runner.ray_address": Rule(
+        lambda v: v == "auto" or _is_host_port(v),
+        "null (start a local Ray), auto, or host:port of a running cluster",
+        nullable=True,
+    ),
+    "runner.ray_num_cpus_per_actor": at_least(0),
+    "runner.ray_num_gpus_per_actor": at_least(0),
+    "log.checkpoint_every_epochs": at_least(1, integer=True),
+}
+
+
+def _get(cfg: Any, key: str) -> Any:
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _refuse(key: str, valid: str, value: Any) -> None:
+    raise ConfigError(f"invalid value for {key!r}: {value!r}; valid: {valid}")
+
+
 def max_waiting_rollouts(a: ImpalaAlgorithmConfig) -> int:
     """How many finished rollouts may wait for the learner: ``ceil(factor * actors_batch_size)``.
 
@@ -362,227 +502,43 @@ def max_waiting_rollouts(a: ImpalaAlgorithmConfig) -> int:
 def check_queue_out_of_sync_factor(a: ImpalaAlgorithmConfig) -> None:
     """Refuse a factor whose queue holds fewer rollouts than one batch (no batch ever forms)."""
     factor, batch = a.queue_out_of_sync_factor, a.actors_batch_size
-    _check(
-        max_waiting_rollouts(a) >= batch,
-        "algorithm.queue_out_of_sync_factor",
-        f"a finite number with ceil(factor * actors_batch_size) >= actors_batch_size, i.e. "
-        f"> {(batch - 1) / batch:g} for actors_batch_size={batch}",
-        factor,
-    )
-
-
-def _check(cond: bool, key: str, valid: str, value: Any) -> None:
-    if not cond:
-        raise ConfigError(f"invalid value for {key!r}: {value!r}; valid: {valid}")
-
-
-def _is_host_port(address: str) -> bool:
-    """``host:port`` (optionally ``ray://host:port``, Ray Client) with a numeric port."""
-    if address.startswith("ray://"):
-        address = address[len("ray://") :]
-    host, sep, port = address.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+    if max_waiting_rollouts(a) < batch:
+        _refuse(
+            "algorithm.queue_out_of_sync_factor",
+            "a finite number with ceil(factor * actors_batch_size) >= actors_batch_size, i.e. "
+            f"> {(batch - 1) / batch:g} for actors_batch_size={batch}",
+            factor,
+        )
 
 
 def validate(cfg: RunConfig) -> None:
-    """Range and choice checks the schema's types cannot express."""
+    """Check :data:`RULES`, each entry of ``runner.ray_resources_per_actor``, then the rules
+    that relate two fields."""
+    for key, rule in RULES.items():
+        value = _get(cfg, key)
+        if value is None and rule.nullable:
+            continue
+        if value is None or not rule.ok(value):
+            _refuse(key, rule.valid, value)
+    for name, amount in cfg.runner.ray_resources_per_actor.items():
+        if not (name and _number(amount) and amount > 0):
+            _refuse(
+                f"runner.ray_resources_per_actor.{name}",
+                "a resource name mapped to a number > 0",
+                amount,
+            )
     a = cfg.algorithm
-    _check(a.epoch_length >= 1, "algorithm.epoch_length", "an integer >= 1", a.epoch_length)
-    _check(
-        a.n_rollout_steps >= 1, "algorithm.n_rollout_steps", "an integer >= 1", a.n_rollout_steps
-    )
-    _check(a.lr > 0, "algorithm.lr", "a number > 0", a.lr)
-    _check(a.lr_final >= 0, "algorithm.lr_final", "a number >= 0", a.lr_final)
-    _check(
-        a.lr_schedule in LR_SCHEDULES,
-        "algorithm.lr_schedule",
-        " | ".join(LR_SCHEDULES),
-        a.lr_schedule,
-    )
-    if a.lr_schedule == "linear":
-        _check(
-            a.lr_decay_env_steps is not None or cfg.max_env_steps is not None,
+    check_queue_out_of_sync_factor(a)
+    if a.lr_schedule == "linear" and a.lr_decay_env_steps is None and cfg.max_env_steps is None:
+        _refuse(
             "algorithm.lr_decay_env_steps",
             "an integer >= 1 (or set max_env_steps) when lr_schedule is linear",
             a.lr_decay_env_steps,
         )
-    if a.lr_decay_env_steps is not None:
-        _check(
-            a.lr_decay_env_steps >= 1,
-            "algorithm.lr_decay_env_steps",
-            "an integer >= 1",
-            a.lr_decay_env_steps,
-        )
-    _check(0.0 <= a.gamma <= 1.0, "algorithm.gamma", "a number in [0, 1]", a.gamma)
-    for name in ("policy_loss_coef", "value_loss_coef", "entropy_coef"):
-        value = getattr(a, name)
-        _check(value >= 0, f"algorithm.{name}", "a number >= 0", value)
-    if a.max_grad_norm is not None:
-        _check(
-            a.max_grad_norm >= 0,
-            "algorithm.max_grad_norm",
-            "a number >= 0 or null",
-            a.max_grad_norm,
-        )
-    _check(a.optimizer in OPTIMIZERS, "algorithm.optimizer", " | ".join(OPTIMIZERS), a.optimizer)
-    _check(
-        len(a.adam_betas) == 2 and all(0 <= b < 1 for b in a.adam_betas),
-        "algorithm.adam_betas",
-        "two numbers in [0, 1)",
-        a.adam_betas,
-    )
-    _check(
-        0 <= a.rmsprop_alpha < 1, "algorithm.rmsprop_alpha", "a number in [0, 1)", a.rmsprop_alpha
-    )
-    _check(
-        a.rmsprop_momentum >= 0, "algorithm.rmsprop_momentum", "a number >= 0", a.rmsprop_momentum
-    )
-    _check(a.optimizer_eps > 0, "algorithm.optimizer_eps", "a number > 0", a.optimizer_eps)
-    _check(
-        a.device == "auto" or a.device == "cpu" or a.device.startswith("cuda") or a.device == "mps",
-        "algorithm.device",
-        "cpu | cuda | cuda:N | mps | auto",
-        a.device,
-    )
-    _check(a.num_actors >= 1, "algorithm.num_actors", "an integer >= 1", a.num_actors)
-    _check(
-        a.actors_batch_size >= 1,
-        "algorithm.actors_batch_size",
-        "an integer >= 1",
-        a.actors_batch_size,
-    )
-    check_queue_out_of_sync_factor(a)
-    _check(a.envs_per_actor >= 1, "algorithm.envs_per_actor", "an integer >= 1", a.envs_per_actor)
-    for name in (
-        "vtrace_clip_rho_threshold",
-        "vtrace_clip_pg_rho_threshold",
-        "vtrace_clip_c_threshold",
-    ):
-        value = getattr(a, name)
-        if value is not None:
-            _check(value > 0, f"algorithm.{name}", "a number > 0 or null", value)
-    _check(
-        0.0 <= a.vtrace_lambda <= 1.0,
-        "algorithm.vtrace_lambda",
-        "a number in [0, 1]",
-        a.vtrace_lambda,
-    )
-    _check(
-        a.reward_clipping in REWARD_CLIPPING_MODES,
-        "algorithm.reward_clipping",
-        " | ".join(REWARD_CLIPPING_MODES),
-        a.reward_clipping,
-    )
-    if a.max_policy_lag is not None:
-        _check(
-            a.max_policy_lag >= 0,
-            "algorithm.max_policy_lag",
-            "an integer >= 0 or null",
-            a.max_policy_lag,
-        )
-    _check(
-        a.critic_burn_in_epochs >= 0,
-        "algorithm.critic_burn_in_epochs",
-        "an integer >= 0",
-        a.critic_burn_in_epochs,
-    )
-    ev = a.rollout_evaluator
-    _check(
-        ev.n_episodes >= 1,
-        "algorithm.rollout_evaluator.n_episodes",
-        "an integer >= 1",
-        ev.n_episodes,
-    )
-    if ev.max_episode_steps is not None:
-        _check(
-            ev.max_episode_steps >= 1,
-            "algorithm.rollout_evaluator.max_episode_steps",
-            "an integer >= 1 or null",
-            ev.max_episode_steps,
-        )
-
-    _check(bool(cfg.env.id), "env.id", "a Gymnasium id or module:callable", cfg.env.id)
-    if cfg.env.max_episode_steps is not None:
-        _check(
-            cfg.env.max_episode_steps >= 1,
-            "env.max_episode_steps",
-            "an integer >= 1 or null",
-            cfg.env.max_episode_steps,
-        )
     m = cfg.model
-    _check(
-        len(m.hidden_sizes) >= 1 and all(h >= 1 for h in m.hidden_sizes),
-        "model.hidden_sizes",
-        "a non-empty list of integers >= 1",
-        m.hidden_sizes,
-    )
-    _check(m.activation in ACTIVATIONS, "model.activation", " | ".join(ACTIVATIONS), m.activation)
-    _check(m.encoder in ENCODERS, "model.encoder", " | ".join(ENCODERS), m.encoder)
-    _check(m.core in CORES, "model.core", " | ".join(CORES), m.core)
-    _check(m.lstm_hidden_size >= 1, "model.lstm_hidden_size", "an integer >= 1", m.lstm_hidden_size)
-    if m.core != "none":
-        _check(
-            m.shared_torso,
+    if m.core != "none" and not m.shared_torso:
+        _refuse(
             "model.shared_torso",
             f"true when model.core={m.core} (one torso feeds the core)",
             m.shared_torso,
-        )
-    _check(m.precision in PRECISIONS, "model.precision", " | ".join(PRECISIONS), m.precision)
-    _check(m.critic in CRITIC_MODES, "model.critic", " | ".join(CRITIC_MODES), m.critic)
-    _check(
-        cfg.runner.backend in BACKENDS, "runner.backend", " | ".join(BACKENDS), cfg.runner.backend
-    )
-    r = cfg.runner
-    _check(
-        r.start_method in START_METHODS,
-        "runner.start_method",
-        " | ".join(START_METHODS),
-        r.start_method,
-    )
-    _check(
-        r.max_actor_restarts >= 0,
-        "runner.max_actor_restarts",
-        "an integer >= 0",
-        r.max_actor_restarts,
-    )
-    if r.learner_threads is not None:
-        _check(
-            r.learner_threads >= 1,
-            "runner.learner_threads",
-            "an integer >= 1 or null",
-            r.learner_threads,
-        )
-    _check(
-        r.shutdown_timeout_s > 0, "runner.shutdown_timeout_s", "a number > 0", r.shutdown_timeout_s
-    )
-    if r.ray_address is not None:
-        _check(
-            r.ray_address == "auto" or _is_host_port(r.ray_address),
-            "runner.ray_address",
-            "null (start a local Ray), auto, or host:port of a running cluster",
-            r.ray_address,
-        )
-    for name in ("ray_num_cpus_per_actor", "ray_num_gpus_per_actor"):
-        value = getattr(r, name)
-        _check(value >= 0, f"runner.{name}", "a number >= 0", value)
-    for key, value in r.ray_resources_per_actor.items():
-        _check(
-            bool(key) and value > 0,
-            f"runner.ray_resources_per_actor.{key}",
-            "a resource name mapped to a number > 0",
-            value,
-        )
-    _check(
-        cfg.log.checkpoint_every_epochs >= 1,
-        "log.checkpoint_every_epochs",
-        "an integer >= 1",
-        cfg.log.checkpoint_every_epochs,
-    )
-    if cfg.max_env_steps is not None:
-        _check(
-            cfg.max_env_steps >= 1, "max_env_steps", "an integer >= 1 or null", cfg.max_env_steps
-        )
-    if cfg.max_wall_time_s is not None:
-        _check(
-            cfg.max_wall_time_s > 0, "max_wall_time_s", "a number > 0 or null", cfg.max_wall_time_s
         )

@@ -145,7 +145,10 @@ class Trainer:
         self.eval_env_factory = self.env_factory
         if cfg.env.eval_kwargs:
             self.eval_env_factory = EnvFactory(
-                cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs}, cfg.env.max_episode_steps
+                cfg.env.id,
+                {**cfg.env.kwargs, **cfg.env.eval_kwargs},
+                cfg.env.max_episode_steps,
+                cfg.env.vector,
             )
         self.learner = Learner(model, cfg.algorithm, self.device)
         self.checkpoint_dir = self.run_dir / "checkpoints"
@@ -599,7 +602,7 @@ def load_policy(run_dir: str | Path, which: str = "best") -> Policy:
         raise RunDirError(f"{str(run_dir)!r} has no checkpoints/{which}.pt")
     data = checkpoint.load(path)
     cfg = config_from_dict(data["config"])
-    env_factory = EnvFactory(cfg.env.id, cfg.env.kwargs, cfg.env.max_episode_steps)
+    env_factory = EnvFactory(cfg.env.id, cfg.env.kwargs, cfg.env.max_episode_steps, cfg.env.vector)
     env = env_factory()
     model = build_model_for_env(cfg.model, env)
     env.close()

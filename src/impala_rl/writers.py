@@ -43,11 +43,31 @@ def tag_for(name: str) -> str:
     return f"train/{name}"
 
 
+def plain_epoch_line(epoch: int, env_steps: int, stats: dict[str, float]) -> str:
+    """One epoch as ``name=value`` pairs with every statistic at full precision, for logs.
+
+    The table's labels name the console columns; the names here are the statistics' own (as
+    in ``metrics.jsonl``), so a log line can be grepped for any of them.
+    """
+    parts = [f"epoch={epoch}", f"env_steps={env_steps}"]
+    parts += [f"{name}={_plain(value)}" for name, value in stats.items()]
+    return " ".join(parts)
+
+
+def _plain(value: float) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
 class ConsoleWriter:
-    """A live progress bar during the epoch and a compact table after it."""
+    """A live progress bar during the epoch and a compact table after it on a terminal; one
+    plain ``name=value`` line per epoch otherwise (a file or pipe: a table there is cut to 80
+    columns and truncates its numbers)."""
 
     def __init__(self, total_env_steps: int | None = None, console: Console | None = None):
         self.console = console or Console()
+        self.live = self.console.is_terminal
         columns: list[Any] = [TextColumn("[bold]epoch {task.fields[epoch]}")]
         if total_env_steps:
             columns.append(BarColumn())
@@ -64,7 +84,8 @@ class ConsoleWriter:
         self.task = self.progress.add_task(
             "train", total=total_env_steps, epoch=0, sps=0.0, ret="-", lag="-"
         )
-        self.progress.start()
+        if self.live:
+            self.progress.start()
 
     def on_update(
         self,
@@ -74,6 +95,8 @@ class ConsoleWriter:
         lag: float | None,
         epoch: int,
     ) -> None:
+        if not self.live:
+            return
         self.progress.update(
             self.task,
             completed=env_steps,
@@ -84,6 +107,10 @@ class ConsoleWriter:
         )
 
     def on_epoch(self, epoch: int, env_steps: int, stats: dict[str, float]) -> None:
+        if not self.live:
+            line = plain_epoch_line(epoch, env_steps, stats)
+            self.console.print(line, soft_wrap=True, markup=False, highlight=False)
+            return
         table = Table(
             title=f"epoch {epoch} · {env_steps:,} env steps",
             title_justify="left",
@@ -97,7 +124,8 @@ class ConsoleWriter:
         self.progress.console.print(table)
 
     def close(self) -> None:
-        self.progress.stop()
+        if self.live:
+            self.progress.stop()
 
 
 class JsonlWriter:

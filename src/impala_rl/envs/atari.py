@@ -40,6 +40,7 @@ class AtariSettings:
     max_episode_frames: int = 108_000
     vector: str = "python"  # how an actor steps its envs: python | ale
     vector_threads: int = 1  # threads of the ale vector env per actor
+    render_mode: str | None = None  # e.g. rgb_array for impala eval --video (python envs only)
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> AtariSettings:
@@ -74,6 +75,7 @@ def make_atari_env(**kwargs: Any) -> gym.Env:
             repeat_action_probability=cfg.repeat_action_probability,
             full_action_space=cfg.full_action_space,
             max_num_frames_per_episode=cfg.max_episode_frames,
+            render_mode=cfg.render_mode,
             disable_env_checker=True,
         )
     except gym.error.Error as exc:
@@ -89,6 +91,19 @@ def make_atari_env(**kwargs: Any) -> gym.Env:
     )
     # zero padding at an episode's start, as ale-py's vector env: both paths give equal frames
     return gym.wrappers.FrameStackObservation(env, cfg.frame_stack, padding_type="zero")
+
+
+def make_ale_id_env(env_id: str, **kwargs: Any) -> gym.Env:
+    """``env.id=ALE/Pong-v5`` as a plain id: ale-py's ids are registered on demand and the raw
+    RGB frames get :func:`make_atari_env`'s preprocessing (the ``atari`` preset's), since
+    210x160x3 channels-last frames fit none of the encoders; ``kwargs`` are
+    :class:`AtariSettings` other than ``game``."""
+    if "game" in kwargs:
+        raise EnvError(
+            f"env.kwargs.game={kwargs['game']!r} with env.id={env_id!r}: give the game once, "
+            "as env.id (or env.id=impala_rl.envs.atari:make_atari_env with env.kwargs.game)"
+        )
+    return make_atari_env(game=env_id, **kwargs)
 
 
 def ale_rom_id(game: str) -> str:

@@ -1,22 +1,26 @@
 """Build environments from an ``env`` config section.
 
 ``env.id`` is either a Gymnasium id (``MinAtar/...`` ids are registered on demand, with
-channels-first ``uint8`` frames, see :mod:`impala_rl.envs.minatar`) or
-``package.module:callable``. Every env is wrapped so
-the model sees one ``Box`` observation: image-like ``uint8`` boxes pass through unchanged (they
-stay ``uint8`` up to the network), everything else (Dict, Tuple, Discrete, MultiDiscrete,
-MultiBinary, multi-dimensional Box) is flattened to a float32 vector.
+channels-first ``uint8`` frames, see :mod:`impala_rl.envs.minatar`; ``ALE/...`` ids are
+registered on demand and get the ``atari`` preset's preprocessing, see
+:func:`impala_rl.envs.atari.make_ale_id_env`) or ``package.module:callable``. Every env is
+wrapped so the model sees one ``Box`` observation: image-like ``uint8`` boxes pass through
+unchanged (they stay ``uint8`` up to the network), everything else (Dict, Tuple, Discrete,
+MultiDiscrete, MultiBinary, multi-dimensional Box) is flattened to a float32 vector.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+ALE_PREFIX = "ALE/"
 
 
 class EnvError(RuntimeError):
@@ -81,11 +85,16 @@ class EnvFactory:
     """A picklable callable that builds one wrapped env (sent to actor processes as is)."""
 
     def __init__(
-        self, env_id: str, kwargs: dict | None = None, max_episode_steps: int | None = None
+        self,
+        env_id: str,
+        kwargs: dict | None = None,
+        max_episode_steps: int | None = None,
+        vector: str = "auto",
     ):
         self.env_id = env_id
         self.kwargs = dict(kwargs or {})
         self.max_episode_steps = max_episode_steps
+        self.vector = vector  # env.vector: auto | python | envpool
         self.check_env = False  # Gymnasium's env checker: only on the probe, off the hot path
 
     def __call__(self) -> gym.Env:
@@ -107,6 +116,10 @@ class EnvFactory:
 
             kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}
             env = make_minatar_env(self.env_id, **kwargs)
+        elif self.env_id.startswith(ALE_PREFIX):
+            from impala_rl.envs.atari import make_ale_id_env
+
+            env = make_ale_id_env(self.env_id, **self.kwargs)
         else:
             try:
                 kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}
@@ -132,17 +145,34 @@ class EnvFactory:
 
     def make_vector(self, num_envs: int) -> Any:
         """A native vector env of ``num_envs`` copies when the env's callable offers one (a
-        ``make_vector`` attribute, e.g. Atari with ``env.kwargs.vector=ale``), else ``None``.
+        ``make_vector`` attribute, e.g. Atari with ``env.kwargs.vector=ale``) or envpool steps
+        the id (``vector``, see :mod:`impala_rl.envs.envpool`), else ``None``.
 
         It must autoreset on the same step and put final observations in
         ``info["final_obs"]``, as :class:`~impala_rl.envs.vector.SameStepVectorEnv` does.
         """
-        if ":" not in self.env_id:
+        if self.env_id.startswith(ALE_PREFIX):
+            from impala_rl.envs.atari import make_atari_vector_env
+
+            envs = make_atari_vector_env(num_envs, **{"game": self.env_id, **self.kwargs})
+        elif ":" not in self.env_id:
+            from impala_rl.envs import envpool
+
+            if self.vector == "envpool" or (
+                self.vector == "auto"
+                and self.env_id in envpool.FASTER_IDS
+                and not self.kwargs
+                and envpool.envpool_installed()
+            ):
+                return envpool.EnvpoolVectorEnv(
+                    self.env_id, num_envs, self.kwargs, self.max_episode_steps
+                )
             return None
-        make = getattr(_import_callable(self.env_id), "make_vector", None)
-        if make is None:
-            return None
-        envs = make(num_envs, **self.kwargs)
+        else:
+            make = getattr(_import_callable(self.env_id), "make_vector", None)
+            if make is None:
+                return None
+            envs = make(num_envs, **self.kwargs)
         if envs is not None and self.max_episode_steps is not None:
             envs.close()
             raise EnvError(
@@ -157,7 +187,18 @@ class EnvFactory:
 
 def make_env_factory(env_cfg: Any) -> EnvFactory:
     """Factory for the ``env`` config section; builds one env once to fail early."""
-    factory = EnvFactory(env_cfg.id, env_cfg.kwargs, env_cfg.max_episode_steps)
+    factory = EnvFactory(env_cfg.id, env_cfg.kwargs, env_cfg.max_episode_steps, env_cfg.vector)
+    if env_cfg.vector == "envpool":
+        factory.make_vector(1).close()  # refuses ids envpool lacks, and a missing envpool
+    if env_cfg.id.startswith(ALE_PREFIX):
+        logging.getLogger(__name__).warning(
+            "env.id=%s: raw ALE frames (210x160 RGB) get the atari preset's preprocessing "
+            "(noop resets, frame skip 4 with max-pooling, 84x84 grayscale, 4 stacked frames; "
+            "env.kwargs are its settings); for its CNN and the paper's settings too: "
+            "impala train atari env.kwargs.game=%s",
+            env_cfg.id,
+            env_cfg.id,
+        )
     factory.check_env = True
     try:
         probe = factory()

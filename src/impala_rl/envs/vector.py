@@ -1,7 +1,11 @@
 """A lean synchronous vector env with same-step autoreset, for the actor loop's hot path.
 
-Gymnasium's ``SyncVectorEnv`` does the same with more bookkeeping per step; on cheap envs
-(CartPole steps in ~15 us) that bookkeeping is a large share of an actor's time. This one
+Gymnasium's ``SyncVectorEnv`` (in its ``SAME_STEP`` autoreset mode) does the same with more
+bookkeeping per step; on cheap envs (CartPole steps in ~15 us) that bookkeeping is a large
+share of an actor's time. Measured against it on CartPole-v1, 16 envs, random actions, one
+process, 7 interleaved runs (``raw_steps_per_second`` in ``benchmarks/throughput.py``, on a
+loaded 2-core machine): this one steps 1.23x as fast (median of per-run ratios, 1.03-2.25),
+so it stays. This one
 steps each env, resets it in the same step when its episode ends (keeping the final
 observation in ``info["final_obs"]``, as Gymnasium's same-step mode does) and writes
 observations into one preallocated array. Errors name the env's index.

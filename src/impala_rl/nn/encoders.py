@@ -14,9 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from impala_rl.config import ENCODERS
 from impala_rl.nn.mlp import MLP
-
-ENCODERS = ("mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
 
 
 class _ImageEncoder(nn.Module):

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
+from impala_rl.config import ACTIVATIONS
+
 __all__ = ["ACTIVATIONS", "MLP", "make_activation"]
 
 _ACTIVATION_CLASSES: dict[str, type[nn.Module]] = {
@@ -17,7 +19,7 @@ _ACTIVATION_CLASSES: dict[str, type[nn.Module]] = {
     "silu": nn.SiLU,
 }
 
-ACTIVATIONS: tuple[str, ...] = tuple(_ACTIVATION_CLASSES)
+assert tuple(_ACTIVATION_CLASSES) == ACTIVATIONS  # the config's choices, one class each
 
 
 def make_activation(name: str) -> nn.Module:

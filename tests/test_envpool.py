@@ -1,0 +1,115 @@
+"""envpool as the actor's vector env: same-step autoreset and the Gymnasium env's meaning."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from impala_rl.config import ConfigError, load_config
+from impala_rl.envs import EnvError, EnvFactory, make_env_factory, make_vector_env
+from impala_rl.nn import ActorCritic
+from impala_rl.rollout import ActorLoop, rollout_spec_for
+
+pytest.importorskip("envpool")
+
+from impala_rl.envs.envpool import EnvpoolVectorEnv  # noqa: E402
+from impala_rl.envs.vector import SameStepVectorEnv  # noqa: E402
+
+
+def _sync(env: gym.Env, obs: np.ndarray) -> None:
+    """Start a Gymnasium CartPole episode from envpool's state (CartPole observes its state)."""
+    env.reset()
+    env.unwrapped.state = np.asarray(obs, dtype=np.float64)
+
+
+def test_envpool_cartpole_matches_gymnasium_step_for_step_with_same_step_autoreset():
+    n, limit = 4, 20
+    pool = EnvpoolVectorEnv("CartPole-v1", n, max_episode_steps=limit)
+    refs = [EnvFactory("CartPole-v1", max_episode_steps=limit)() for _ in range(n)]
+    rng = np.random.default_rng(0)
+    seen = {"terminated": 0, "truncated": 0}
+    try:
+        obs, _ = pool.reset(seed=7)
+        for env, o in zip(refs, obs, strict=True):
+            _sync(env, o)
+        for step in range(120):
+            actions = rng.integers(0, 2, n)
+            obs, reward, term, trunc, info = pool.step(actions)
+            for i, env in enumerate(refs):
+                ref_obs, ref_reward, ref_term, ref_trunc, _ = env.step(int(actions[i]))
+                assert reward[i] == ref_reward and term[i] == ref_term, (step, i)
+                assert (trunc[i] and not term[i]) == (ref_trunc and not ref_term)
+                if ref_term or ref_trunc:
+                    seen["terminated" if ref_term else "truncated"] += 1
+                    # the final observation in info, the next episode's first in obs
+                    np.testing.assert_allclose(info["final_obs"][i], ref_obs, atol=1e-4)
+                    assert info["_final_obs"][i]
+                    assert np.abs(obs[i]).max() <= 0.05  # CartPole starts in [-0.05, 0.05]
+                    _sync(env, obs[i])
+                else:
+                    np.testing.assert_allclose(obs[i], ref_obs, atol=1e-4)
+                    assert "final_obs" not in info or not info["_final_obs"][i]
+    finally:
+        pool.close()
+        for env in refs:
+            env.close()
+    assert seen["terminated"] > 0 and seen["truncated"] > 0, seen
+
+
+def test_envpool_is_seeded_by_reset():
+    pool = EnvpoolVectorEnv("CartPole-v1", 3)
+    try:
+        a, _ = pool.reset(seed=1)
+        b, _ = pool.reset(seed=2)
+        c, _ = pool.reset(seed=1)
+    finally:
+        pool.close()
+    np.testing.assert_array_equal(a, c)
+    assert not np.array_equal(a, b)
+
+
+def test_auto_picks_envpool_for_cartpole_and_python_otherwise():
+    envs = make_vector_env(EnvFactory("CartPole-v1"), 2)
+    assert isinstance(envs, EnvpoolVectorEnv)
+    envs.close()
+    for factory in (
+        EnvFactory("CartPole-v1", vector="python"),
+        EnvFactory("CartPole-v1", {"render_mode": "rgb_array"}),  # kwargs: Gymnasium's
+        EnvFactory("Acrobot-v1"),  # not measured faster
+    ):
+        envs = make_vector_env(factory, 2)
+        assert isinstance(envs, SameStepVectorEnv), factory
+        envs.close()
+    envs = make_vector_env(EnvFactory("Acrobot-v1", vector="envpool"), 2)
+    assert isinstance(envs, EnvpoolVectorEnv)
+    envs.close()
+
+
+def test_envpool_refusals_name_the_setting():
+    with pytest.raises(ConfigError, match=r"'env.vector'.*auto \| python \| envpool"):
+        load_config("cartpole", ["env.vector=cpp"])
+    cfg = load_config("cartpole", ["env.vector=envpool", "env.id=LunarLander-v3"])
+    with pytest.raises(EnvError, match="env.vector=envpool does not support env.id"):
+        make_env_factory(cfg.env)
+
+
+def test_actor_loop_on_envpool_bootstraps_truncation_from_the_final_observation():
+    factory = EnvFactory("CartPole-v1", max_episode_steps=10, vector="envpool")
+    probe = factory()
+    torch.manual_seed(0)
+    model = ActorCritic(probe.observation_space, probe.action_space)
+    probe.close()
+    loop = ActorLoop(factory, 3, model, seed=5, unroll_length=25)
+    try:
+        assert isinstance(loop.envs, EnvpoolVectorEnv)
+        slot = rollout_spec_for(model, probe.observation_space, 25, 3).allocate()
+        loop.unroll(slot)
+    finally:
+        loop.close()
+    trunc = slot["truncated"]
+    assert trunc.any(), "10-step episodes must be cut within 25 steps"
+    t, i = (int(v) for v in np.argwhere(trunc.numpy())[0])
+    assert slot["first"][t + 1, i]
+    assert slot["truncation_value"][t, i] != 0  # V(final obs), not the next episode's
