@@ -1,8 +1,8 @@
 """Per-actor decision sequences of a structured rollout, and V-trace over them.
 
-In a structured rollout (:mod:`impala_rl.structured_rollout`) each row is one sub-step of one
-actor, identified by its ``(step_key, agent_id)``. V-trace runs over one actor's **own**
-decisions: for a pair ``(k, a)`` and a column, its decisions are the rows ``d_0 < d_1 < ...``
+In a structured rollout (:class:`impala_rl.rollout.StructuredRolloutSpec`) each row is one
+sub-step of one actor, identified by its ``(step_key, agent_id)``. V-trace runs over one
+actor's **own** decisions: for a pair ``(k, a)`` and a column, its decisions are the rows ``d_0 < d_1 < ...``
 where ``step_key == k`` and ``agent_id == a`` (row ``T`` included, for bootstrapping). Decision
 ``i`` earns the sum of agent ``a``'s rewards from row ``d_i`` up to (not including) ``d_{i+1}``,
 or up to the end of the episode when that comes first (then its discount is 0, else gamma:

@@ -198,7 +198,7 @@ class Learner:
         )
 
     def _update_structured(self, batch: dict[str, torch.Tensor], train_policy: bool) -> UpdateStats:
-        """One step on a structured batch (:mod:`impala_rl.structured_rollout`'s fields).
+        """One step on a structured batch (:class:`~impala_rl.rollout.StructuredRolloutSpec`).
 
         V-trace runs per ``(step_key, agent_id)`` over that actor's own decisions
         (:mod:`impala_rl.decisions`); one policy loss per step key (mean over its trainable

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from impala_rl.envs.factory import EnvError
+from impala_rl.envs.spaces import EnvError
 from impala_rl.envs.structured import ActorID, StructuredEnv
 
 OPPONENTS = ("self_play", "random", "mixed")

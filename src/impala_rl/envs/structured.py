@@ -35,7 +35,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from impala_rl.envs.factory import EnvError, model_observation_space
+from impala_rl.envs.spaces import EnvError, model_observation_space
 
 ACTION_MASK = "action_mask"
 
