@@ -32,6 +32,7 @@ truncation adds ``gamma * truncation_value`` instead.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -325,37 +326,42 @@ def make_actor_loop(
 
 @dataclass(frozen=True)
 class StructuredRolloutSpec:
-    """Shapes and dtypes of a structured slot: ``T`` sub-steps of ``N`` envs.
+    """Shapes and dtypes of a structured slot: ``N`` columns of ``T`` decisions.
 
-    The actor loop for structured envs (:mod:`impala_rl.envs.structured`): one slot per unroll.
+    A column is a stretch of one agent's decision stream in one env, and row t is its t-th
+    decision point there; a plain env's column would be exactly :class:`RolloutSpec`'s. The
+    observation and action of a row live in the fields of its step key ``k``:
 
-    A structured slot holds ``T`` sub-steps of ``N`` envs, time-major. Every row is one sub-step of
-    one actor; the observation and action of a row live in the fields of its step key ``k``:
-
-    ==========================  ====================  ============================================
+    ==========================  ====================  =========================================
     field                       shape                 meaning
-    ==========================  ====================  ============================================
-    ``step_key``                ``[T+1, N]`` int64    who acts at row t: the step key...
-    ``agent_id``                ``[T+1, N]`` int64    ...and the agent (row T: for bootstrapping)
-    ``obs_{k}``                 ``[T+1, N, *o_k]``    observation at row t where ``step_key == k``
+    ==========================  ====================  =========================================
+    ``step_key``                ``[T+1, N]`` int64    which policy and spaces decide at row t
+    ``obs_{k}``                 ``[T+1, N, *o_k]``    observation where ``step_key == k``
     ``action_mask_{k}``         ``[T+1, N, n_k]``     legal actions (keys with an action mask)
-    ``action_{k}``              ``[T, N, *a_k]``      action taken at row t where ``step_key == k``
-    ``first``                   ``[T+1, N]``          row t starts an episode
+    ``action_{k}``              ``[T+1, N, *a_k]``    action taken where ``step_key == k``
     ``behaviour_log_prob``      ``[T, N]``            log mu(a_t | x_t) of the acting policy
-    ``reward``                  ``[T, N, n_agents]``  reward of every agent for sub-step t
-    ``terminated``              ``[T, N]``            the episode ended for good after sub-step t
-    ``truncated``               ``[T, N]``            the episode was cut after sub-step t
-    ``actor_done``              ``[T, N]``            the actor of row t takes no more decisions
-    ``policy_version``          ``[N]``               learner update count of the acting policy
+    ``reward``                  ``[T, N]``            the agent's rewards from decision t up to
+                                                      its next decision or the episode's end
+    ``terminal``                ``[T, N]``            no bootstrap after row t: the episode
+                                                      ended for good, the agent is done, or
+                                                      row t+1 is padding
+    ``valid``                   ``[T, N]``            row t is a decision whose segment closed
+                                                      (it gets a loss); else bootstrap/padding
+    ``policy_version``          ``[N]``               learner update count of the policy
     ``actor_index``             ``[N]``               which actor filled the column
-    ==========================  ====================  ============================================
+    ==========================  ====================  =========================================
 
-    Entries of ``obs_{k}`` / ``action_{k}`` on rows of other keys are stale and never read.
+    No decision is lost: a decision whose segment is still open when a column is written is
+    the column's bootstrap row, and opens the stream's next column, where it is trained. At
+    truncation the agent's final observation (where the env gives one,
+    :meth:`impala_rl.envs.structured.StructuredEnv.final_observation`) is a bootstrap-only row
+    (``valid`` false) after its last decision. Rows after a column's last valid row and its
+    bootstrap row, if any, are padding (``valid`` false, ``terminal`` true, all actions legal).
+    Entries of ``obs_{k}`` / ``action_{k}`` on rows of other keys are zero and never read.
     """
 
     T: int
     N: int
-    n_agents: int
     obs: tuple[tuple[int, tuple[int, ...], torch.dtype], ...]  # (key, shape, dtype)
     actions: tuple[tuple[int, tuple[int, ...], torch.dtype], ...]
     masks: tuple[tuple[int, int], ...]  # (key, n)
@@ -363,23 +369,20 @@ class StructuredRolloutSpec:
     def field_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         T, N = self.T, self.N
         fields: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
-            "step_key": ((T + 1, N), torch.int64),
-            "agent_id": ((T + 1, N), torch.int64),
+            "step_key": ((T + 1, N), torch.int64)
         }
         for k, shape, dtype in self.obs:
             fields[f"obs_{k}"] = ((T + 1, N, *shape), dtype)
         for k, n in self.masks:
             fields[f"action_mask_{k}"] = ((T + 1, N, n), torch.bool)
         for k, shape, dtype in self.actions:
-            fields[f"action_{k}"] = ((T, N, *shape), dtype)
+            fields[f"action_{k}"] = ((T + 1, N, *shape), dtype)
         fields.update(
             {
-                "first": ((T + 1, N), torch.bool),
                 "behaviour_log_prob": ((T, N), torch.float32),
-                "reward": ((T, N, self.n_agents), torch.float32),
-                "terminated": ((T, N), torch.bool),
-                "truncated": ((T, N), torch.bool),
-                "actor_done": ((T, N), torch.bool),
+                "reward": ((T, N), torch.float32),
+                "terminal": ((T, N), torch.bool),
+                "valid": ((T, N), torch.bool),
                 "policy_version": ((N,), torch.int64),
                 "actor_index": ((N,), torch.int64),
             }
@@ -398,6 +401,7 @@ class StructuredRolloutSpec:
 
 
 def structured_spec_for(model: StructuredActorCritic, T: int, N: int) -> StructuredRolloutSpec:
+    """The slot of an actor of ``N`` envs: ``N * model.n_agents`` columns."""
     obs = tuple(
         (
             k,
@@ -411,14 +415,34 @@ def structured_spec_for(model: StructuredActorCritic, T: int, N: int) -> Structu
         for k in model.step_keys
     )
     masks = tuple((k, n) for k, n in sorted(model.mask_sizes.items()) if n is not None)
-    return StructuredRolloutSpec(T, N, model.n_agents, obs, actions, masks)
+    return StructuredRolloutSpec(T, N * model.n_agents, obs, actions, masks)
+
+
+@dataclass
+class Decision:
+    """One row of an agent column, kept by the actor until it is written into a slot."""
+
+    key: int
+    obs: np.ndarray
+    mask: np.ndarray | None
+    action: torch.Tensor | None = None  # None: a bootstrap-only row (final observation)
+    log_prob: float = 0.0
+    reward: float = 0.0
+    terminal: bool = False
+    age: int = 0  # the actor's sub-step count when it was taken: the oldest chunk goes first
 
 
 class StructuredActorLoop:
-    """:class:`ActorLoop` for a structured env: the same interface.
+    """:class:`ActorLoop` for a structured env: the same interface, agent columns.
 
-    At each sub-step the envs are grouped by the step key that acts; each group's policy runs
-    once on its observations. Episode returns are those of agent 0.
+    Each env sub-step, the envs are grouped by the step key that acts and each group's policy
+    runs once. Every agent of every env (a *stream*) keeps its closed decisions in a queue and
+    its open one aside. An unroll steps until the streams hold ``N`` chunks of ``T`` closed
+    decisions, then writes the oldest chunks, one per column (:class:`StructuredRolloutSpec`):
+    a column is a stretch of one agent's stream, and a stream that decides more often fills
+    more columns. So agents acting at different rates neither wait for each other nor pad
+    their columns, and no queue grows without bound (a slow agent's decisions wait, less than
+    ``T`` of them, until its chunk is full). Episode returns are those of agent 0.
     """
 
     def __init__(
@@ -434,87 +458,129 @@ class StructuredActorLoop:
         self.model = model
         self.model.eval()
         self.num_envs = num_envs
+        self.n_agents = self.envs.n_agents
         self.T = unroll_length
         self.actor_index = actor_index
         self.policy_version = 0
         self.generator = torch.Generator().manual_seed(seed)
         self.envs.reset(seed=seed)
-        self.first = np.ones(num_envs, dtype=bool)
         self.episodes = EpisodeTracker(num_envs)
+        columns = num_envs * self.n_agents
+        self.closed: list[collections.deque[Decision]] = [
+            collections.deque() for _ in range(columns)
+        ]
+        self.open: list[Decision | None] = [None] * columns
+        self.substeps = 0
 
     def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Take new weights; only ever called between unrolls."""
         self.model.load_state_dict(state_dict)
         self.policy_version = version
 
-    def _record_row(self, slot: dict[str, torch.Tensor], t: int) -> list[tuple[int, np.ndarray]]:
-        """Write the observations of row ``t`` into the slot; returns (key, env indices)."""
-        envs = self.envs
-        groups = []
+    def _close(self, column: int, terminal: bool) -> None:
+        decision = self.open[column]
+        if decision is not None:
+            decision.terminal = terminal
+            self.closed[column].append(decision)
+            self.open[column] = None
+
+    def _substep(self, returns: list[float], lengths: list[int]) -> None:
+        """Every env's current actor decides and its env steps once."""
+        envs, model, A = self.envs, self.model, self.n_agents
+        actions: list = [None] * self.num_envs
         for k in envs.step_keys:
             idx = np.flatnonzero(envs.step_key == k)
             if idx.size == 0:
                 continue
-            tidx = torch.from_numpy(idx)
-            slot[f"obs_{k}"][t, tidx] = torch.from_numpy(envs.obs[k][idx])
-            if k in envs.masks:
-                slot[f"action_mask_{k}"][t, tidx] = torch.from_numpy(envs.masks[k][idx])
-            groups.append((k, idx))
-        return groups
+            obs = torch.from_numpy(envs.obs[k][idx])
+            mask = torch.from_numpy(envs.masks[k][idx]) if k in envs.masks else None
+            dist = model.policy(k, obs, mask)
+            action = dist.sample(self.generator)
+            log_prob = dist.log_prob(action).float().numpy()
+            env_actions = model.action_head(k).to_env(action)
+            for j, i in enumerate(idx):
+                actions[i] = env_actions[j]
+                column = i * A + int(envs.agent_id[i])
+                self._close(column, terminal=False)  # its segment ends at this decision
+                self.open[column] = Decision(
+                    k,
+                    obs[j].numpy().copy(),
+                    None if mask is None else mask[j].numpy().copy(),
+                    action[j].clone(),
+                    float(log_prob[j]),
+                    age=self.substeps,
+                )
+        acting = envs.agent_id.copy()
+        reward, term, trunc, actor_done, _ = envs.step(actions)
+        trunc = np.logical_and(trunc, np.logical_not(term))
+        for i in range(self.num_envs):
+            for a in range(A):
+                decision = self.open[i * A + a]
+                if decision is not None:
+                    decision.reward += float(reward[i, a])
+            if actor_done[i]:
+                self._close(i * A + int(acting[i]), terminal=True)
+            if term[i] or trunc[i]:
+                finals = envs.final_obs.get(i, {})
+                for a in range(A):
+                    final = finals.get(a) if trunc[i] and self.open[i * A + a] else None
+                    self._close(i * A + a, terminal=final is None)
+                    if final is not None:
+                        key, obs, mask = final
+                        final_row = Decision(key, obs, mask, terminal=True, age=self.substeps)
+                        self.closed[i * A + a].append(final_row)
+        self.episodes.step(reward[:, 0], np.logical_or(term, trunc), returns, lengths)
+        self.substeps += 1
+
+    def _write_column(
+        self, slot: dict[str, torch.Tensor], column: int, stream: int, staged: dict
+    ) -> None:
+        """Pop ``T`` closed rows of ``stream`` into ``column``; peek the next as row T."""
+        T = self.T
+        queue = self.closed[stream]
+        rows: list[Decision | None] = [queue.popleft() for _ in range(min(T, len(queue)))]
+        rows.append(queue[0] if queue else self.open[stream])
+        for t, d in enumerate(rows):
+            if d is None:
+                break  # padding: zero observations, all actions legal
+            slot[f"obs_{d.key}"][t, column] = torch.from_numpy(d.obs)
+            if d.mask is not None:
+                slot[f"action_mask_{d.key}"][t, column] = torch.from_numpy(d.mask)
+            if d.action is not None:
+                slot[f"action_{d.key}"][t, column] = d.action
+            staged["step_key"][t, column] = d.key
+            if t < len(rows) - 1:  # the last is the peeked bootstrap row: defaults stand
+                staged["behaviour_log_prob"][t, column] = d.log_prob
+                staged["reward"][t, column] = d.reward
+                staged["terminal"][t, column] = d.terminal
+                staged["valid"][t, column] = d.action is not None
 
     @torch.inference_mode()
     def unroll(self, slot: dict[str, torch.Tensor]) -> UnrollResult:
-        """Run ``T`` sub-steps of every env, writing them into ``slot`` (module docstring)."""
-        T, N = self.T, self.num_envs
-        envs, model = self.envs, self.model
-        A = envs.n_agents
-        rewards = np.zeros((T, N, A), dtype=np.float32)
-        terminated = np.zeros((T, N), dtype=bool)
-        truncated = np.zeros((T, N), dtype=bool)
-        actor_done = np.zeros((T, N), dtype=bool)
-        first = np.zeros((T + 1, N), dtype=bool)
-        step_key = np.zeros((T + 1, N), dtype=np.int64)
-        agent_id = np.zeros((T + 1, N), dtype=np.int64)
-        log_probs = np.zeros((T, N), dtype=np.float32)
+        """Step until ``N`` chunks are full (class docstring), write them into ``slot``."""
+        T, C = self.T, len(self.closed)
         returns: list[float] = []
         lengths: list[int] = []
-        actions: list = [None] * N
-        for t in range(T):
-            step_key[t], agent_id[t], first[t] = envs.step_key, envs.agent_id, self.first
-            for k, idx in self._record_row(slot, t):
-                tidx = torch.from_numpy(idx)
-                obs = slot[f"obs_{k}"][t, tidx]
-                mask = slot[f"action_mask_{k}"][t, tidx] if k in envs.masks else None
-                dist = model.policy(k, obs, mask)
-                action = dist.sample(self.generator)
-                slot[f"action_{k}"][t, tidx] = action
-                log_probs[t, idx] = dist.log_prob(action).float().numpy()
-                env_actions = model.action_head(k).to_env(action)
-                for j, i in enumerate(idx):
-                    actions[i] = env_actions[j]
-            reward, term, trunc, done_actor, _ = envs.step(actions)
-            trunc = np.logical_and(trunc, np.logical_not(term))
-            rewards[t] = reward
-            terminated[t] = term
-            truncated[t] = trunc
-            actor_done[t] = done_actor
-            done = np.logical_or(term, trunc)
-            self.episodes.step(reward[:, 0], done, returns, lengths)
-            self.first = done
-        step_key[T], agent_id[T], first[T] = envs.step_key, envs.agent_id, self.first
-        self._record_row(slot, T)
+        start = self.substeps
+        while sum(len(q) // T for q in self.closed) < C:
+            self._substep(returns, lengths)
+        for name, value in slot.items():
+            if name.startswith(("obs_", "action_")):
+                value.zero_()
+            if name.startswith("action_mask_"):
+                value.fill_(True)
         staged = {
-            "step_key": step_key,
-            "agent_id": agent_id,
-            "first": first,
-            "behaviour_log_prob": log_probs,
-            "reward": rewards,
-            "terminated": terminated,
-            "truncated": truncated,
-            "actor_done": actor_done,
+            "step_key": np.zeros((T + 1, C), dtype=np.int64),
+            "behaviour_log_prob": np.zeros((T, C), dtype=np.float32),
+            "reward": np.zeros((T, C), dtype=np.float32),
+            "terminal": np.ones((T, C), dtype=bool),
+            "valid": np.zeros((T, C), dtype=bool),
         }
+        for column in range(C):
+            stream = min((q[0].age, s) for s, q in enumerate(self.closed) if len(q) >= T)[1]
+            self._write_column(slot, column, stream, staged)
         write_staged(slot, staged, self.policy_version, self.actor_index)
-        return UnrollResult(returns, lengths, T * N)
+        return UnrollResult(returns, lengths, (self.substeps - start) * self.num_envs)
 
     def close(self) -> None:
         self.envs.close()

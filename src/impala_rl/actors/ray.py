@@ -443,7 +443,7 @@ class RayDistributedActors(DistributedActors):
             self._unblock()
             queue_after = len(self._ready)
             dropped, self._dropped = self._dropped, 0
-        n = cfg.envs_per_actor
+        n = self._batch_spec.N // cfg.actors_batch_size
         out = self._batch_arrays
         for b, (arrays, _) in enumerate(taken):
             cols = slice(b * n, (b + 1) * n)

@@ -132,6 +132,15 @@ class AECStructuredEnv(StructuredEnv):
         key = seat if self.policy_per_agent else 0
         return ActorID(step_key=key, agent_id=0 if self.opponent == "random" else seat)
 
+    def final_observation(self, agent_id: int) -> tuple[int, Any] | None:
+        """The seat's ``observe(agent)`` after a truncation, for its last decision's bootstrap."""
+        seat = self._learner_seat if self.opponent == "random" else agent_id
+        try:
+            obs = self.aec.observe(self.seats[seat])
+        except Exception:  # an AEC env that cannot observe a finished agent: termination
+            return None
+        return (seat if self.policy_per_agent else 0), obs
+
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         if seed is not None:
             self._rng = np.random.default_rng(seed)
