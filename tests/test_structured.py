@@ -269,13 +269,36 @@ def test_model_critic_choice_is_validated():
     [
         (["model.core=lstm", "model.shared_torso=true"], "model.core"),
         (["model.use_last_action_reward=true"], "model.use_last_action_reward"),
-        (["model.precision=bf16"], "model.precision"),
     ],
 )
 def test_model_options_of_plain_envs_are_refused_by_name(tmp_path, override, field):
     cfg = load_config("multistep_example", [*FAST, *override])
     with pytest.raises(ConfigError, match=f"{field}=.*not supported for structured envs"):
         Trainer(cfg, run_dir=tmp_path).train()
+
+
+def test_bf16_and_a_shared_torso_are_accepted_on_structured_envs():
+    cfg = load_config("multistep_example", ["model.precision=bf16", "model.shared_torso=true"])
+    model = build_model_for_env(cfg.model, ItemPlacementEnv())
+    for k in model.step_keys:  # each key's critic reads its policy's encoder
+        assert model.critics[str(k)].torso is model.policies[str(k)].torso
+    dtypes = []
+    first_linear = next(
+        m for m in model.policies["0"].torso.modules() if isinstance(m, torch.nn.Linear)
+    )
+    first_linear.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    loop = make_actor_loop(ItemPlacementEnv, 3, model, seed=1, unroll_length=8)
+    slot = rollout_spec_for(model, None, 8, 3).allocate()  # type: ignore[arg-type]
+    loop.unroll(slot)
+    before = [p.detach().clone() for p in model.policies["0"].torso.parameters()]
+    stats = Learner(model, cfg.algorithm).update(slot)
+    assert np.isfinite(stats.total_loss) and set(stats.critic_value_loss) == {0, 1}
+    assert dtypes and set(dtypes) == {torch.bfloat16}  # the encoder ran under bf16 autocast
+    after = list(model.policies["0"].torso.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+    with pytest.raises(ConfigError, match="shared_torso=true needs critic=per_step_key"):
+        bad = load_config("multistep_example", ["model.shared_torso=true", "model.critic=shared"])
+        build_model_for_env(bad.model, ItemPlacementEnv())
 
 
 def test_structured_unroll_fills_per_key_fields_and_learner_reports_per_key_events():
