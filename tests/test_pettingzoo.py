@@ -180,3 +180,19 @@ def test_final_observation_is_the_seats_own_view_for_truncation_bootstraps():
         board = np.asarray(obs["observation"])
         own, other = board[..., 0].sum(), board[..., 1].sum()
         assert (own, other) == ((1, 0) if seat == 0 else (0, 1))  # observe(agent): its view
+
+
+@pytest.mark.parametrize("opponent", ["random", "self_play"])
+def test_tictactoe_columns_are_not_padded(opponent):
+    """The preset's T and envs: every row of every column is a decision that trains."""
+    cfg = load_config("tictactoe", [f"env.kwargs.opponent={opponent}"])
+    T, n = cfg.algorithm.n_rollout_steps, cfg.algorithm.envs_per_actor
+    factory = EnvFactory(cfg.env.id, cfg.env.kwargs)
+    model = build_model_for_env(cfg.model, factory())
+    loop = make_actor_loop(factory, n, model, seed=0, unroll_length=T)
+    spec = rollout_spec_for(model, None, T, n)  # type: ignore[arg-type]
+    learner = Learner(model, cfg.algorithm)
+    for _ in range(4):
+        slot = spec.allocate()
+        loop.unroll(slot)
+        assert learner.update(slot).padding_share == 0.0
