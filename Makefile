@@ -32,6 +32,7 @@ test-all: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/ruff format --check src tests benchmarks scripts
+	PYTHONPATH=src $(BIN)/lint-imports
 
 format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks

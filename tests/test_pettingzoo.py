@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -105,18 +107,40 @@ def test_self_play_batch_trains_one_shared_policy_on_both_agents():
     cfg = load_config("tictactoe", ["env.kwargs.opponent=self_play"])
     factory = EnvFactory(cfg.env.id, cfg.env.kwargs)
     model = build_model_for_env(cfg.model, factory())
+    assert model.step_keys == [0]  # one policy for both seats
     loop = make_actor_loop(factory, 4, model, seed=0, unroll_length=20)
     slot = rollout_spec_for(model, None, 20, 4).allocate()  # type: ignore[arg-type]
     loop.unroll(slot)
-    assert set(slot["agent_id"].unique().tolist()) == {0, 1}
-    assert slot["reward"].shape == (20, 4, 2)
-    ends = slot["terminated"]
-    # zero-sum: whenever a game ends, the two players' rewards cancel
-    assert torch.equal(slot["reward"].sum(-1)[ends], torch.zeros(int(ends.sum())))
+    assert slot["reward"].shape == (20, 8)  # 4 envs x 2 seats: stretches of a seat's moves
+    valid = slot["valid"]
+    # the board from the mover's view ([3, 3, 2] flattened: own marks, then the opponent's):
+    # the second player has one mark fewer than its opponent when it moves
+    board = slot["obs_0"][0].reshape(8, 9, 2).sum(1)
+    seat = (board[:, 1] - board[:, 0]).long()
+    assert set(seat.tolist()) == {0, 1}
     # the sampled actions were legal
     mask = slot["action_mask_0"][:20]
-    assert mask.gather(-1, slot["action_0"].unsqueeze(-1)).all()
-    stats = Learner(model, cfg.algorithm).update(slot)
+    assert mask.gather(-1, slot["action_0"][:20].unsqueeze(-1))[valid].all()
+    # each seat's decisions alone move the one shared policy; with none it stays put
+    params = model.policy_parameters(0)
+
+    def policy_grad(seat_columns):
+        batch = {k: v.clone() for k, v in slot.items()}
+        keep = torch.zeros(8, dtype=torch.bool)
+        keep[seat_columns] = True
+        batch["valid"] &= keep
+        learner = Learner(copy.deepcopy(model), cfg.algorithm)
+        learner.update(batch)
+        moved = [
+            (a.detach() - b).abs().sum()
+            for a, b in zip(learner.model.policy_parameters(0), params, strict=True)
+        ]
+        return float(sum(moved))
+
+    first, second = (seat == 0).nonzero().flatten(), (seat == 1).nonzero().flatten()
+    assert policy_grad(first) > 0 and policy_grad(second) > 0
+    assert policy_grad([]) == 0
+    stats = Learner(copy.deepcopy(model), cfg.algorithm).update(slot)
     assert set(stats.policy_loss) == {0} and set(stats.critic_value_loss) == {0}
 
 
@@ -144,3 +168,31 @@ def test_tictactoe_preset_beats_random_in_over_90_percent_of_games(tmp_path):
     assert summary["stopped_because"] == "max_env_steps"
     assert summary["env_steps"] <= 1_000_000 + 32 * 16
     assert _win_rate(tmp_path) > 0.9
+
+
+def test_final_observation_is_the_seats_own_view_for_truncation_bootstraps():
+    env = make_aec_env(opponent="self_play")
+    env.reset(seed=0)
+    env.step(4)  # seat 0 takes the centre
+    for seat in (0, 1):
+        key, obs = env.final_observation(seat)
+        assert key == 0
+        board = np.asarray(obs["observation"])
+        own, other = board[..., 0].sum(), board[..., 1].sum()
+        assert (own, other) == ((1, 0) if seat == 0 else (0, 1))  # observe(agent): its view
+
+
+@pytest.mark.parametrize("opponent", ["random", "self_play"])
+def test_tictactoe_columns_are_not_padded(opponent):
+    """The preset's T and envs: every row of every column is a decision that trains."""
+    cfg = load_config("tictactoe", [f"env.kwargs.opponent={opponent}"])
+    T, n = cfg.algorithm.n_rollout_steps, cfg.algorithm.envs_per_actor
+    factory = EnvFactory(cfg.env.id, cfg.env.kwargs)
+    model = build_model_for_env(cfg.model, factory())
+    loop = make_actor_loop(factory, n, model, seed=0, unroll_length=T)
+    spec = rollout_spec_for(model, None, T, n)  # type: ignore[arg-type]
+    learner = Learner(model, cfg.algorithm)
+    for _ in range(4):
+        slot = spec.allocate()
+        loop.unroll(slot)
+        assert learner.update(slot).padding_share == 0.0

@@ -7,11 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from gymnasium import spaces
 
 import impala_rl
-from impala_rl import vtrace
 from impala_rl.config import ConfigError, load_config
-from impala_rl.decisions import decision_sequence, sequence_vtrace
 from impala_rl.envs.examples import ItemPlacementEnv
 from impala_rl.envs.factory import EnvError
 from impala_rl.envs.structured import ActorID, StructuredEnv, StructuredVectorEnv
@@ -55,121 +54,168 @@ def test_plain_env_training_is_unchanged_from_before_structured_envs(tmp_path):
     assert summary["best_eval_return"] == 206.0
 
 
-def test_one_key_decision_sequence_is_plain_vtrace():
-    """With one step key and one agent every row is a decision: per-key V-trace equals V-trace
-    over the flat batch (episode ends included)."""
-    g = torch.Generator().manual_seed(0)
-    T, B = 7, 3
-    reward = torch.randn(T, B, 1, generator=g)
-    terminated = torch.rand(T, B, generator=g) < 0.2
-    log_mu = -torch.rand(T, B, generator=g)
-    log_pi = torch.cat([-torch.rand(T, B, generator=g), torch.zeros(1, B)])
-    values = torch.randn(T + 1, B, generator=g)
-    zeros = torch.zeros(T + 1, B, dtype=torch.long)
-    seq = decision_sequence(
-        zeros, zeros, reward, terminated, torch.zeros(T, B, dtype=torch.bool), 0, 0, 0.9
-    )
-    assert seq.trainable[:T].all() and not seq.trainable[T].any()
-    got = sequence_vtrace(seq, log_pi, log_mu, values)
-    want = vtrace.from_importance_weights(
-        log_pi[:T] - log_mu, 0.9 * (~terminated).float(), reward[..., 0], values[:T], values[T]
-    )
-    torch.testing.assert_close(got.vs[:T], want.vs)
-    torch.testing.assert_close(got.pg_advantages[:T], want.pg_advantages)
-    torch.testing.assert_close(got.vs[T], values[T])  # the bootstrap row is not trained
+# -- agent columns on a scripted env --------------------------------------------------------------
 
 
-# -- per-key V-trace on a scripted trajectory ----------------------------------------------------
+class ScriptedEnv(StructuredEnv):
+    """Two agents, one step key: agent 1 acts at every third sub-step, agent 0 at the others.
 
-# Rows 0..6 of one column: keys alternate 0, 1, 0, 1, ...; one agent. Key 1's sub-steps pay
-# 1, 2, 3; the episode terminates after sub-step 3 (row 4 starts the next one). gamma = 0.9.
-STEP_KEY = [0, 1, 0, 1, 0, 1, 0]
-REWARD = [0.0, 1.0, 0.0, 2.0, 0.0, 3.0]
-TERMINATED = [False, False, False, True, False, False]
-V = [0.5, 0.7, 0.4, 0.6, 0.3, 0.1, 0.2]  # the acting key's critic at each row
+    The observation is ``[agent, sub-step, serial]`` (``serial`` counts the env's decisions,
+    so every decision is identifiable); at sub-step ``s`` agent ``a`` receives
+    ``reward(s, a)``. Episodes last ``length`` sub-steps and end by termination, or by
+    truncation (with each agent's final observation ``[a, length, -1]``).
+    """
 
+    n_agents = 2
 
-def _scripted(key: int):
-    T = len(REWARD)
-    step_key = _t(STEP_KEY).unsqueeze(1)
-    agent = torch.zeros_like(step_key)
-    reward = _t(REWARD).reshape(T, 1, 1)
-    term = _t(TERMINATED).unsqueeze(1)
-    seq = decision_sequence(
-        step_key, agent, reward, term, torch.zeros(T, 1, dtype=torch.bool), key, 0, 0.9
-    )
-    return seq
+    def __init__(
+        self, length: int = 7, truncate: bool = False, final_obs: bool = True, first: int = 0
+    ):
+        self.observation_spaces = {0: spaces.Box(-1e6, 1e6, (3,), np.float32)}
+        self.action_spaces = {0: spaces.Discrete(2)}
+        self.observation_space = self.observation_spaces[0]
+        self.action_space = self.action_spaces[0]
+        self.length, self.truncate, self.final_obs = length, truncate, final_obs
+        self.serial = first
+        self.taken: list[tuple[int, int]] = []  # (agent, serial) of every decision
 
+    @staticmethod
+    def reward(s: int, a: int) -> float:
+        return float((s + 1) * 10**a)
 
-def test_per_key_sequences_sum_rewards_between_that_keys_decisions():
-    seq0 = _scripted(0)
-    assert seq0.rows[:, 0].tolist() == [0, 2, 4, 6]
-    # row 0 earns r0 + r1; row 2 earns r2 + r3 and its episode ends; row 4 earns r4 + r5;
-    # row 6 (= T) only bootstraps
-    assert seq0.rewards[:, 0].tolist() == [1.0, 2.0, 3.0, 0.0]
-    assert seq0.discounts[:, 0].tolist() == pytest.approx([0.9, 0.0, 0.9, 0.0])
-    assert seq0.trainable[:, 0].tolist() == [True, True, True, False]
-    seq1 = _scripted(1)
-    assert seq1.rows[:, 0].tolist() == [1, 3, 5]
-    # row 1 earns r1 + r2; row 3 earns r3, then the episode ends; row 5's segment is still
-    # open at the end of the unroll: not trained
-    assert seq1.rewards[:, 0].tolist() == [1.0, 2.0, 0.0]
-    assert seq1.discounts[:, 0].tolist() == pytest.approx([0.9, 0.0, 0.0])
-    assert seq1.trainable[:, 0].tolist() == [True, True, False]
+    def _agent(self) -> int:
+        return 1 if self.s % 3 == 2 else 0
 
+    def _obs(self) -> np.ndarray:
+        return np.array([self._agent(), self.s, self.serial], dtype=np.float32)
 
-def test_per_key_vtrace_matches_a_hand_computation():
-    T = len(REWARD)
-    values = _t(V).unsqueeze(1)
-    behaviour = torch.zeros(T, 1)
-    # on-policy, except key 0's first decision: pi/mu = 0.5 there
-    target = torch.zeros(T + 1, 1)
-    target[0, 0] = math.log(0.5)
-    vt0 = sequence_vtrace(_scripted(0), target, behaviour, values)
-    # by hand (rho_bar = c_bar = 1, gamma = 0.9), key 0 at rows 0, 2, 4, 6:
-    vs6 = 0.2  # bootstrap
-    vs4 = 3.0 + 0.9 * vs6  # 3.18
-    vs2 = 2.0  # the episode ended: no bootstrap
-    # row 0: rho = c = 0.5: v = V + rho (r + g V2 - V) + g c (vs2 - V2)
-    vs0 = 0.5 + 0.5 * (1.0 + 0.9 * 0.4 - 0.5) + 0.9 * 0.5 * (vs2 - 0.4)  # 1.65
-    assert vt0.vs[:, 0].tolist() == pytest.approx([vs0, vs2, vs4, vs6])
-    adv0 = 0.5 * (1.0 + 0.9 * vs2 - 0.5)
-    assert vt0.pg_advantages[:, 0].tolist() == pytest.approx(
-        [adv0, 2.0 - 0.4, 3.0 + 0.9 * vs6 - 0.3, 0.0]
-    )
-    vt1 = sequence_vtrace(_scripted(1), target, behaviour, values)
-    # key 1 at rows 1, 3, 5: row 5 is open (vs = V, no advantage)
-    assert vt1.vs[:, 0].tolist() == pytest.approx([1.0 + 0.9 * 2.0, 2.0, 0.1])
-    assert vt1.pg_advantages[:, 0].tolist() == pytest.approx([2.8 - 0.7, 2.0 - 0.6, 0.0])
+    def actor_id(self) -> ActorID:
+        return ActorID(0, self._agent())
+
+    def reset(self, *, seed=None, options=None):
+        self.s = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.taken.append((self._agent(), self.serial))
+        rewards = np.array([self.reward(self.s, 0), self.reward(self.s, 1)])
+        self.s += 1
+        self.serial += 1
+        end = self.s == self.length
+        return self._obs(), rewards, end and not self.truncate, end and self.truncate, {}
+
+    def final_observation(self, agent_id):
+        if not self.final_obs:
+            return None
+        return 0, np.array([agent_id, self.length, -1], dtype=np.float32)
+
+    def segment_reward(self, a: int, s: int) -> float:
+        """What the decision of agent ``a`` at sub-step ``s`` earns up to its next one."""
+        total, u = 0.0, s
+        while True:
+            total += self.reward(u, a)
+            u += 1
+            if u == self.length or (1 if u % 3 == 2 else 0) == a:
+                return total
 
 
-def test_the_agent_that_did_not_move_last_gets_the_final_reward():
-    """Two agents in turn (one shared step key): agent 0's move at row 2 ends the game, paying
-    +1 to agent 0 and -1 to agent 1, whose last decision was at row 1."""
-    step_key = torch.zeros(5, 1, dtype=torch.long)
-    agent = _t([0, 1, 0, 1, 0]).unsqueeze(1)
-    reward = torch.zeros(4, 1, 2)
-    reward[2, 0] = torch.tensor([1.0, -1.0])
-    term = _t([False, False, True, False]).unsqueeze(1)
-    no = torch.zeros(4, 1, dtype=torch.bool)
-    seq1 = decision_sequence(step_key, agent, reward, term, no, 0, 1, 0.9)
-    assert seq1.rows[:, 0].tolist() == [1, 3]
-    assert seq1.rewards[0, 0].item() == -1.0 and seq1.discounts[0, 0].item() == 0.0
-    assert seq1.trainable[:, 0].tolist() == [True, False]
-    seq0 = decision_sequence(step_key, agent, reward, term, no, 0, 0, 0.9)
-    assert seq0.rewards[:, 0].tolist() == [0.0, 1.0, 0.0]
-    assert seq0.discounts[:, 0].tolist() == pytest.approx([0.9, 0.0, 0.0])
+def _scripted_loop(num_envs=2, T=5, **kwargs):
+    envs: list[ScriptedEnv] = []
+
+    def factory():
+        envs.append(ScriptedEnv(**kwargs, first=10_000 * len(envs)))  # serials unique
+        return envs[-1]
+
+    model = build_model_for_env(load_config("multistep_example").model, ScriptedEnv(**kwargs))
+    loop = make_actor_loop(factory, num_envs, model, seed=0, unroll_length=T)
+    spec = rollout_spec_for(model, None, T, num_envs)  # type: ignore[arg-type]
+    return loop, spec, envs, model
 
 
-def test_actor_done_ends_that_actors_sequence():
-    step_key = torch.zeros(5, 1, dtype=torch.long)
-    agent = _t([0, 1, 0, 1, 0]).unsqueeze(1)
-    reward = torch.ones(4, 1, 2)
-    term = torch.zeros(4, 1, dtype=torch.bool)
-    actor_done = _t([False, True, False, False]).unsqueeze(1)  # agent 1 is out after row 1
-    seq = decision_sequence(step_key, agent, reward, term, actor_done, 0, 1, 0.9)
-    assert seq.rewards[0, 0].item() == 1.0  # only its own sub-step's reward
-    assert seq.discounts[0, 0].item() == 0.0 and bool(seq.trainable[0, 0])
+def _rows(slot, t, c):
+    """``(agent, sub-step, serial)`` of row ``t`` of column ``c``."""
+    return tuple(int(x) for x in slot["obs_0"][t, c])
+
+
+def test_every_decision_over_several_unrolls_is_trained_exactly_once():
+    loop, spec, envs, _ = _scripted_loop()
+    trained = []
+    for _ in range(6):
+        slot = spec.allocate()
+        loop.unroll(slot)
+        for c in range(spec.N):  # a column is a stretch of one agent's stream in one env
+            rows = [_rows(slot, t, c) for t in range(spec.T)]
+            assert len({(agent, serial // 10_000) for agent, _, serial in rows}) == 1
+        for t, c in slot["valid"].nonzero().tolist():
+            agent, _, serial = _rows(slot, t, c)
+            trained.append((agent, serial))
+    taken = {(a, serial) for env in envs for a, serial in env.taken}
+    pending = set()
+    for stream in range(len(loop.open)):
+        for d in [*loop.closed[stream], loop.open[stream]]:
+            if d is not None and d.action is not None:
+                pending.add((stream % 2, int(d.obs[2])))
+    assert len(trained) == len(set(trained)) > 40  # none twice
+    assert set(trained) | pending == taken  # none lost
+    assert not set(trained) & pending
+
+
+def test_a_segment_across_the_unroll_boundary_gets_the_reward_after_it():
+    loop, spec, envs, _ = _scripted_loop(num_envs=1, T=4)
+    open_bootstraps: set[int] = set()  # decisions written as row T while still open
+    spanning = 0
+    for _ in range(10):
+        slot = spec.allocate()
+        loop.unroll(slot)
+        for t, c in slot["valid"].nonzero().tolist():
+            agent, s, serial = _rows(slot, t, c)
+            assert float(slot["reward"][t, c]) == envs[0].segment_reward(agent, s)
+            if serial in open_bootstraps:
+                assert t == 0  # it opens a later column of its stream, with its whole reward
+                spanning += 1
+        still_open = {int(d.obs[2]) for d in loop.open if d is not None}
+        open_bootstraps |= {_rows(slot, spec.T, c)[2] for c in range(spec.N)} & still_open
+    assert spanning >= 3
+
+
+@pytest.mark.parametrize("final_obs", [True, False])
+def test_truncation_bootstraps_from_the_agents_final_observation(final_obs):
+    loop, spec, envs, _ = _scripted_loop(num_envs=1, T=6, truncate=True, final_obs=final_obs)
+    seen = 0
+    for _ in range(4):
+        slot = spec.allocate()
+        loop.unroll(slot)
+        for t, c in slot["valid"].nonzero().tolist():
+            agent, s, _ = _rows(slot, t, c)
+            if (
+                envs[0].segment_reward(agent, s)
+                != sum(envs[0].reward(u, agent) for u in range(s, envs[0].length))
+                or t == spec.T - 1
+            ):
+                continue  # not the agent's last decision of the episode (or no row after)
+            seen += 1
+            if final_obs:  # discount gamma, and the next row is the final observation
+                assert not bool(slot["terminal"][t, c]) and not bool(slot["valid"][t + 1, c])
+                assert _rows(slot, t + 1, c) == (agent, envs[0].length, -1)
+            else:  # an env without final observations: truncation is termination
+                assert bool(slot["terminal"][t, c])
+    assert seen >= 3
+
+
+def test_agents_acting_at_different_rates_train_without_deadlock():
+    loop, spec, _, model = _scripted_loop(num_envs=2, T=6, length=1000)
+    learner = Learner(model, load_config("multistep_example").algorithm)
+    agents = []
+    for _ in range(6):
+        slot = spec.allocate()
+        result = loop.unroll(slot)
+        stats = learner.update(slot)
+        assert np.isfinite(stats.total_loss) and result.env_steps > 0
+        assert slot["valid"].all() and stats.padding_share == 0.0  # nobody waits padded
+        agents += slot["obs_0"][0, :, 0].tolist()
+        # agent 0, deciding twice as often, fills twice the columns of agent 1
+        assert max(len(q) for q in loop.closed) < 3 * spec.T  # queues stay bounded
+    assert agents.count(0.0) == pytest.approx(2 * agents.count(1.0), abs=3)
 
 
 # -- the protocol and the model ------------------------------------------------------------------
@@ -223,13 +269,36 @@ def test_model_critic_choice_is_validated():
     [
         (["model.core=lstm", "model.shared_torso=true"], "model.core"),
         (["model.use_last_action_reward=true"], "model.use_last_action_reward"),
-        (["model.precision=bf16"], "model.precision"),
     ],
 )
 def test_model_options_of_plain_envs_are_refused_by_name(tmp_path, override, field):
     cfg = load_config("multistep_example", [*FAST, *override])
     with pytest.raises(ConfigError, match=f"{field}=.*not supported for structured envs"):
         Trainer(cfg, run_dir=tmp_path).train()
+
+
+def test_bf16_and_a_shared_torso_are_accepted_on_structured_envs():
+    cfg = load_config("multistep_example", ["model.precision=bf16", "model.shared_torso=true"])
+    model = build_model_for_env(cfg.model, ItemPlacementEnv())
+    for k in model.step_keys:  # each key's critic reads its policy's encoder
+        assert model.critics[str(k)].torso is model.policies[str(k)].torso
+    dtypes = []
+    first_linear = next(
+        m for m in model.policies["0"].torso.modules() if isinstance(m, torch.nn.Linear)
+    )
+    first_linear.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    loop = make_actor_loop(ItemPlacementEnv, 3, model, seed=1, unroll_length=8)
+    slot = rollout_spec_for(model, None, 8, 3).allocate()  # type: ignore[arg-type]
+    loop.unroll(slot)
+    before = [p.detach().clone() for p in model.policies["0"].torso.parameters()]
+    stats = Learner(model, cfg.algorithm).update(slot)
+    assert np.isfinite(stats.total_loss) and set(stats.critic_value_loss) == {0, 1}
+    assert dtypes and set(dtypes) == {torch.bfloat16}  # the encoder ran under bf16 autocast
+    after = list(model.policies["0"].torso.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+    with pytest.raises(ConfigError, match="shared_torso=true needs critic=per_step_key"):
+        bad = load_config("multistep_example", ["model.shared_torso=true", "model.critic=shared"])
+        build_model_for_env(bad.model, ItemPlacementEnv())
 
 
 def test_structured_unroll_fills_per_key_fields_and_learner_reports_per_key_events():
@@ -241,9 +310,9 @@ def test_structured_unroll_fills_per_key_fields_and_learner_reports_per_key_even
     result = loop.unroll(slot)
     assert slot["step_key"].tolist() == [[0] * 3, [1] * 3] * 4 + [[0] * 3]
     assert slot["obs_0"].shape == (9, 3, 7) and slot["obs_1"].shape == (9, 3, 5)
-    assert slot["reward"].shape == (8, 3, 1)
+    assert slot["reward"].shape == (8, 3) and slot["valid"].all()
     assert (slot["reward"][0::2] == 0).all() and (slot["reward"][1::2] > 0).all()
-    assert slot["terminated"][3::4].all() and not slot["terminated"][1::4].any()
+    assert slot["terminal"][3::4].all() and not slot["terminal"][1::4].any()
     assert len(result.episode_returns) == 2 * 3 and result.env_steps == 24
     learner = Learner(model, cfg.algorithm)
     stats = learner.update(slot)
@@ -269,20 +338,18 @@ def test_example_env_reaches_its_optimal_return(tmp_path, backend):
     assert summary["best_eval_return"] == 2.0
 
 
-def test_example_env_needs_rewards_summed_between_decisions(tmp_path, monkeypatch):
-    """Control: crediting each decision only with its own sub-step's reward, the item policy
-    (whose sub-step pays nothing) cannot learn, and the optimum is not reached in the budget."""
-    import impala_rl.decisions as decisions
+def test_example_env_needs_the_next_decisions_value_credited_to_the_item(tmp_path, monkeypatch):
+    """Control: the item's sub-step pays nothing, so the item policy learns only from the
+    value of the placement decision after it (keys alternate along the agent's column);
+    with every segment cut there (no bootstrap), the optimum is not reached in the budget."""
+    from impala_rl.rollout import StructuredActorLoop
 
-    original = decisions.decision_sequence
+    original = StructuredActorLoop._close
 
-    def last_substep_only(step_key, agent_id, reward, *args):
-        own = torch.zeros_like(reward)
-        acting = (step_key[:-1] == args[2]).unsqueeze(-1).expand_as(reward)
-        own[acting] = reward[acting]
-        return original(step_key, agent_id, own, *args)
+    def no_bootstrap(self, column, terminal):
+        original(self, column, True)
 
-    monkeypatch.setattr(decisions, "decision_sequence", last_substep_only)
+    monkeypatch.setattr(StructuredActorLoop, "_close", no_bootstrap)
     summary = impala_rl.train(
         "multistep_example",
         [*FAST, "seed=0", "max_env_steps=20000"],

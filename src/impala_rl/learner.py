@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from impala_rl import decisions, losses, vtrace
+from impala_rl import losses, vtrace
 from impala_rl.config import ImpalaAlgorithmConfig
 from impala_rl.nn import ActorCritic
 from impala_rl.nn.structured import StructuredActorCritic
@@ -43,6 +43,8 @@ class UpdateStats:
     policy_lag: list[int]
     learning_rate: float
     timings: dict[str, float] = field(default_factory=dict)
+    padding_share: float | None = None
+    """Structured batches: share of rows that are not valid decisions."""
 
 
 def optimizer_settings(cfg: ImpalaAlgorithmConfig) -> dict[str, Any]:
@@ -234,16 +236,16 @@ class Learner:
         )
 
     def _update_structured(self, batch: dict[str, torch.Tensor], train_policy: bool) -> UpdateStats:
-        """One step on a structured batch (:mod:`impala_rl.structured_rollout`'s fields).
+        """One step on a structured batch (:class:`~impala_rl.rollout.StructuredRolloutSpec`).
 
-        V-trace runs per ``(step_key, agent_id)`` over that actor's own decisions
-        (:mod:`impala_rl.decisions`); one policy loss per step key (mean over its trainable
-        decisions, all agents), one value loss per critic.
+        Columns are agents' decision streams, so V-trace runs over the columns as in
+        :meth:`update`, with the ``valid`` mask; one policy loss per step key, one value loss
+        per critic, each a mean over the valid rows of that key or critic.
         """
         cfg = self.cfg
         model: StructuredActorCritic = self.model  # type: ignore[assignment]
         t0 = time.perf_counter()
-        step_key, agent_id = batch["step_key"], batch["agent_id"]
+        step_key = batch["step_key"]  # [T+1, B]
         T1, B = step_key.shape
         for k in model.step_keys:
             obs = batch[f"obs_{k}"]
@@ -251,9 +253,10 @@ class Learner:
                 raise NonFiniteError(f"observations of step key {k} contain NaN or Inf")
         self.model.train()
         device = step_key.device
-        zeros = torch.zeros(T1, B, device=device)
-        target_log_prob, values = zeros, zeros
-        entropy_terms: dict[int, torch.Tensor] = {}
+        # forward once per step key over the rows where it decides
+        target_log_prob = torch.zeros(T1, B, device=device)
+        values = torch.zeros(T1, B, device=device)
+        entropy = torch.zeros(T1, B, device=device)
         for k in model.step_keys:
             tt, bb = (step_key == k).nonzero(as_tuple=True)
             if tt.numel() == 0:
@@ -262,63 +265,59 @@ class Learner:
             mask_name = f"action_mask_{k}"
             mask = batch[mask_name][tt, bb] if mask_name in batch else None
             dist = model.policy(k, obs, mask)
-            action = batch[f"action_{k}"]
-            action = torch.cat([action, action[-1:]], dim=0)[tt, bb]
+            action = batch[f"action_{k}"][tt, bb]
             target_log_prob = target_log_prob.index_put((tt, bb), dist.log_prob(action))
-            ent = dist.entropy()
-            acting = tt < T1 - 1  # row T has no action
-            if bool(acting.any()):
-                entropy_terms[k] = ent[acting].mean()
+            entropy = entropy.index_put((tt, bb), dist.entropy())
             values = values.index_put((tt, bb), model.value(k, obs))
         t1 = time.perf_counter()
 
+        valid = batch["valid"]  # [T, B]: decisions with a closed segment
         rewards = losses.clip_rewards(batch["reward"], cfg.reward_clipping)
-        episode_end = batch["terminated"] | batch["truncated"]
-        pg_sum: dict[int, torch.Tensor] = {}
-        pg_count: dict[int, int] = {}
-        v_sum: dict[int, torch.Tensor] = {}
-        v_count: dict[int, int] = {}
-        rho_sum: dict[int, float] = {}
-        clipped_sum: dict[int, float] = {}
+        discounts = cfg.gamma * (~batch["terminal"]).float()
+        # rho = c = 0 off the valid rows: there vs = V, so the last decision of a column
+        # bootstraps from the value of the row after it (its latest decision point)
+        log_rhos = target_log_prob[:-1].detach() - batch["behaviour_log_prob"]
+        log_rhos = torch.where(valid, log_rhos, torch.full_like(log_rhos, float("-inf")))
+        vt = vtrace.from_importance_weights(
+            log_rhos,
+            discounts,
+            rewards,
+            values[:-1].detach(),
+            values[-1].detach(),
+            clip_rho_threshold=cfg.vtrace_clip_rho_threshold,
+            clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold,
+            clip_c_threshold=cfg.vtrace_clip_c_threshold,
+            lambda_=cfg.vtrace_lambda,
+        )
+        keys = step_key[:-1]
+        pg_loss: dict[int, torch.Tensor] = {}
+        ent_loss: dict[int, torch.Tensor] = {}
+        rho_mean: dict[int, float] = {}
+        clipped: dict[int, float] = {}
         rho_bar = cfg.vtrace_clip_rho_threshold
         for k in model.step_keys:
-            c = model.critic_key(k)
-            for a in range(model.n_agents):
-                seq = decisions.decision_sequence(
-                    step_key, agent_id, rewards, episode_end, batch["actor_done"], k, a, cfg.gamma
-                )
-                if seq is None:
-                    continue
-                vt = decisions.sequence_vtrace(
-                    seq,
-                    target_log_prob,
-                    batch["behaviour_log_prob"],
-                    values,
-                    clip_rho_threshold=rho_bar,
-                    clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold,
-                    clip_c_threshold=cfg.vtrace_clip_c_threshold,
-                    lambda_=cfg.vtrace_lambda,
-                )
-                w = seq.trainable.float()
-                n = int(seq.trainable.sum())
-                logp = target_log_prob.gather(0, seq.rows)
-                v = values.gather(0, seq.rows)
-                pg = -(logp * vt.pg_advantages.detach() * w).sum()
-                vl = 0.5 * ((vt.vs.detach() - v).pow(2) * w).sum()
-                pg_sum[k] = pg_sum.get(k, 0.0) + pg  # type: ignore[assignment]
-                pg_count[k] = pg_count.get(k, 0) + n
-                v_sum[c] = v_sum.get(c, 0.0) + vl  # type: ignore[assignment]
-                v_count[c] = v_count.get(c, 0) + n
-                rhos = vt.rhos[seq.trainable]
-                rho_sum[k] = rho_sum.get(k, 0.0) + float(rhos.sum())
-                if rho_bar:
-                    clipped_sum[k] = clipped_sum.get(k, 0.0) + float(
-                        (rhos > rho_bar * (1 + 1e-5)).sum()
-                    )
-        pg_loss = {k: pg_sum[k] / max(1, pg_count[k]) for k in pg_sum}
-        value_loss = {c: v_sum[c] / max(1, v_count[c]) for c in v_sum}
-        ent_loss = {k: losses.entropy_loss(e) for k, e in entropy_terms.items()}
-        total = torch.zeros((), device=device)
+            sel = valid & (keys == k)
+            if not bool(sel.any()):
+                continue
+            pg_loss[k] = losses.policy_gradient_loss(
+                target_log_prob[:-1][sel], vt.pg_advantages[sel]
+            )
+            ent_loss[k] = losses.entropy_loss(entropy[:-1][sel])
+            rhos = vt.rhos[sel]
+            rho_mean[k] = float(rhos.mean())
+            clipped[k] = float((rhos > rho_bar * (1 + 1e-5)).float().mean()) if rho_bar else 0.0
+        value_loss: dict[int, torch.Tensor] = {}
+        critic_values: dict[int, float] = {}
+        for c in model.critic_keys:
+            sel = torch.zeros_like(valid)
+            for k in model.step_keys:
+                if model.critic_key(k) == c:
+                    sel |= keys == k
+            sel &= valid
+            if bool(sel.any()):
+                value_loss[c] = losses.baseline_loss(vt.vs[sel], values[:-1][sel])
+                critic_values[c] = float(values[:-1].detach()[sel].mean())
+        total = 0.0 * values.sum()  # in the graph even for a batch without valid rows
         for vl in value_loss.values():
             total = total + cfg.value_loss_coef * vl
         if train_policy:
@@ -344,28 +343,20 @@ class Learner:
         t3 = time.perf_counter()
 
         lag = (self.num_updates - 1 - batch["policy_version"]).tolist()
-        keys = sorted(k for k in pg_loss if k in entropy_terms)
+        keys_seen = sorted(pg_loss)
         critics = sorted(value_loss)
-        critic_values = {}
-        for c in critics:
-            sel = torch.zeros_like(step_key, dtype=torch.bool)
-            for k in model.step_keys:
-                if model.critic_key(k) == c:
-                    sel |= step_key == k
-            critic_values[c] = float(values.detach()[sel].mean())
         return UpdateStats(
             total_loss=float(total.detach()),
-            policy_loss={k: float(pg_loss[k].detach()) for k in keys},
-            policy_entropy={k: float(entropy_terms[k].detach()) for k in keys},
-            policy_grad_norm={k: policy_grad_norm[k] for k in keys},
+            policy_loss={k: float(pg_loss[k].detach()) for k in keys_seen},
+            policy_entropy={k: float(-ent_loss[k].detach()) for k in keys_seen},
+            policy_grad_norm={k: policy_grad_norm[k] for k in keys_seen},
             critic_value_loss={c: float(value_loss[c].detach()) for c in critics},
             critic_value=critic_values,
             critic_grad_norm={c: critic_grad_norm[c] for c in critics},
             grad_norm=grad_norm,
-            vtrace_mean_rho={k: rho_sum[k] / max(1, pg_count[k]) for k in keys},
-            vtrace_clipped_fraction={
-                k: clipped_sum.get(k, 0.0) / max(1, pg_count[k]) for k in keys
-            },
+            vtrace_mean_rho={k: rho_mean[k] for k in keys_seen},
+            vtrace_clipped_fraction={k: clipped[k] for k in keys_seen},
+            padding_share=1.0 - float(valid.float().mean()),
             policy_lag=lag,
             learning_rate=self.learning_rate,
             timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},

@@ -32,6 +32,7 @@ truncation adds ``gamma * truncation_value`` instead.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,7 +41,9 @@ import numpy as np
 import torch
 
 from impala_rl.envs import make_vector_env
+from impala_rl.envs.structured import StructuredVectorEnv
 from impala_rl.nn import ActorCritic
+from impala_rl.nn.structured import StructuredActorCritic
 
 STEP_FIELDS = (
     "action",
@@ -114,10 +117,8 @@ def rollout_spec_for(
     model: ActorCritic, observation_space: gym.spaces.Box, T: int, N: int
 ) -> RolloutSpec:
     """The slot layout for ``model``; a structured model gets its own layout
-    (:class:`impala_rl.structured_rollout.StructuredRolloutSpec`)."""
+    (:class:`StructuredRolloutSpec`)."""
     if not isinstance(model, ActorCritic):
-        from impala_rl.structured_rollout import structured_spec_for
-
         return structured_spec_for(model, T, N)  # type: ignore[return-value]
     head = model.action_head
     return RolloutSpec(
@@ -317,9 +318,269 @@ def make_actor_loop(
 ) -> ActorLoop:
     """The actor loop for ``model``: :class:`ActorLoop`, or the structured-env loop."""
     if not isinstance(model, ActorCritic):
-        from impala_rl.structured_rollout import StructuredActorLoop
-
         return StructuredActorLoop(  # type: ignore[return-value]
             env_factory, num_envs, model, seed, unroll_length, actor_index
         )
     return ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index)
+
+
+@dataclass(frozen=True)
+class StructuredRolloutSpec:
+    """Shapes and dtypes of a structured slot: ``N`` columns of ``T`` decisions.
+
+    A column is a stretch of one agent's decision stream in one env, and row t is its t-th
+    decision point there; a plain env's column would be exactly :class:`RolloutSpec`'s. The
+    observation and action of a row live in the fields of its step key ``k``:
+
+    ==========================  ====================  =========================================
+    field                       shape                 meaning
+    ==========================  ====================  =========================================
+    ``step_key``                ``[T+1, N]`` int64    which policy and spaces decide at row t
+    ``obs_{k}``                 ``[T+1, N, *o_k]``    observation where ``step_key == k``
+    ``action_mask_{k}``         ``[T+1, N, n_k]``     legal actions (keys with an action mask)
+    ``action_{k}``              ``[T+1, N, *a_k]``    action taken where ``step_key == k``
+    ``behaviour_log_prob``      ``[T, N]``            log mu(a_t | x_t) of the acting policy
+    ``reward``                  ``[T, N]``            the agent's rewards from decision t up to
+                                                      its next decision or the episode's end
+    ``terminal``                ``[T, N]``            no bootstrap after row t: the episode
+                                                      ended for good, the agent is done, or
+                                                      row t+1 is padding
+    ``valid``                   ``[T, N]``            row t is a decision whose segment closed
+                                                      (it gets a loss); else bootstrap/padding
+    ``policy_version``          ``[N]``               learner update count of the policy
+    ``actor_index``             ``[N]``               which actor filled the column
+    ==========================  ====================  =========================================
+
+    No decision is lost: a decision whose segment is still open when a column is written is
+    the column's bootstrap row, and opens the stream's next column, where it is trained. At
+    truncation the agent's final observation (where the env gives one,
+    :meth:`impala_rl.envs.structured.StructuredEnv.final_observation`) is a bootstrap-only row
+    (``valid`` false) after its last decision. Rows after a column's last valid row and its
+    bootstrap row, if any, are padding (``valid`` false, ``terminal`` true, all actions legal).
+    Entries of ``obs_{k}`` / ``action_{k}`` on rows of other keys are zero and never read.
+    """
+
+    T: int
+    N: int
+    obs: tuple[tuple[int, tuple[int, ...], torch.dtype], ...]  # (key, shape, dtype)
+    actions: tuple[tuple[int, tuple[int, ...], torch.dtype], ...]
+    masks: tuple[tuple[int, int], ...]  # (key, n)
+
+    def field_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        T, N = self.T, self.N
+        fields: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+            "step_key": ((T + 1, N), torch.int64)
+        }
+        for k, shape, dtype in self.obs:
+            fields[f"obs_{k}"] = ((T + 1, N, *shape), dtype)
+        for k, n in self.masks:
+            fields[f"action_mask_{k}"] = ((T + 1, N, n), torch.bool)
+        for k, shape, dtype in self.actions:
+            fields[f"action_{k}"] = ((T + 1, N, *shape), dtype)
+        fields.update(
+            {
+                "behaviour_log_prob": ((T, N), torch.float32),
+                "reward": ((T, N), torch.float32),
+                "terminal": ((T, N), torch.bool),
+                "valid": ((T, N), torch.bool),
+                "policy_version": ((N,), torch.int64),
+                "actor_index": ((N,), torch.int64),
+            }
+        )
+        return fields
+
+    def allocate(self, share_memory: bool = False) -> dict[str, torch.Tensor]:
+        slot = {
+            name: torch.zeros(shape, dtype=dtype)
+            for name, (shape, dtype) in self.field_shapes().items()
+        }
+        if share_memory:
+            for t in slot.values():
+                t.share_memory_()
+        return slot
+
+
+def structured_spec_for(model: StructuredActorCritic, T: int, N: int) -> StructuredRolloutSpec:
+    """The slot of an actor of ``N`` envs: ``N * model.n_agents`` columns."""
+    obs = tuple(
+        (
+            k,
+            tuple(model.observation_spaces[k].shape),
+            torch_dtype(model.observation_spaces[k].dtype),
+        )
+        for k in model.step_keys
+    )
+    actions = tuple(
+        (k, tuple(model.action_head(k).action_shape), model.action_head(k).action_dtype)
+        for k in model.step_keys
+    )
+    masks = tuple((k, n) for k, n in sorted(model.mask_sizes.items()) if n is not None)
+    return StructuredRolloutSpec(T, N * model.n_agents, obs, actions, masks)
+
+
+@dataclass
+class Decision:
+    """One row of an agent column, kept by the actor until it is written into a slot."""
+
+    key: int
+    obs: np.ndarray
+    mask: np.ndarray | None
+    action: torch.Tensor | None = None  # None: a bootstrap-only row (final observation)
+    log_prob: float = 0.0
+    reward: float = 0.0
+    terminal: bool = False
+    age: int = 0  # the actor's sub-step count when it was taken: the oldest chunk goes first
+
+
+class StructuredActorLoop:
+    """:class:`ActorLoop` for a structured env: the same interface, agent columns.
+
+    Each env sub-step, the envs are grouped by the step key that acts and each group's policy
+    runs once. Every agent of every env (a *stream*) keeps its closed decisions in a queue and
+    its open one aside. An unroll steps until the streams hold ``N`` chunks of ``T`` closed
+    decisions, then writes the oldest chunks, one per column (:class:`StructuredRolloutSpec`):
+    a column is a stretch of one agent's stream, and a stream that decides more often fills
+    more columns. So agents acting at different rates neither wait for each other nor pad
+    their columns, and no queue grows without bound (a slow agent's decisions wait, less than
+    ``T`` of them, until its chunk is full). Episode returns are those of agent 0.
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[[], gym.Env],
+        num_envs: int,
+        model: StructuredActorCritic,
+        seed: int,
+        unroll_length: int,
+        actor_index: int = 0,
+    ):
+        self.envs = StructuredVectorEnv([env_factory] * num_envs)
+        self.model = model
+        self.model.eval()
+        self.num_envs = num_envs
+        self.n_agents = self.envs.n_agents
+        self.T = unroll_length
+        self.actor_index = actor_index
+        self.policy_version = 0
+        self.generator = torch.Generator().manual_seed(seed)
+        self.envs.reset(seed=seed)
+        self.episodes = EpisodeTracker(num_envs)
+        columns = num_envs * self.n_agents
+        self.closed: list[collections.deque[Decision]] = [
+            collections.deque() for _ in range(columns)
+        ]
+        self.open: list[Decision | None] = [None] * columns
+        self.substeps = 0
+
+    def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Take new weights; only ever called between unrolls."""
+        self.model.load_state_dict(state_dict)
+        self.policy_version = version
+
+    def _close(self, column: int, terminal: bool) -> None:
+        decision = self.open[column]
+        if decision is not None:
+            decision.terminal = terminal
+            self.closed[column].append(decision)
+            self.open[column] = None
+
+    def _substep(self, returns: list[float], lengths: list[int]) -> None:
+        """Every env's current actor decides and its env steps once."""
+        envs, model, A = self.envs, self.model, self.n_agents
+        actions: list = [None] * self.num_envs
+        for k in envs.step_keys:
+            idx = np.flatnonzero(envs.step_key == k)
+            if idx.size == 0:
+                continue
+            obs = torch.from_numpy(envs.obs[k][idx])
+            mask = torch.from_numpy(envs.masks[k][idx]) if k in envs.masks else None
+            dist = model.policy(k, obs, mask)
+            action = dist.sample(self.generator)
+            log_prob = dist.log_prob(action).float().numpy()
+            env_actions = model.action_head(k).to_env(action)
+            for j, i in enumerate(idx):
+                actions[i] = env_actions[j]
+                column = i * A + int(envs.agent_id[i])
+                self._close(column, terminal=False)  # its segment ends at this decision
+                self.open[column] = Decision(
+                    k,
+                    obs[j].numpy().copy(),
+                    None if mask is None else mask[j].numpy().copy(),
+                    action[j].clone(),
+                    float(log_prob[j]),
+                    age=self.substeps,
+                )
+        acting = envs.agent_id.copy()
+        reward, term, trunc, actor_done, _ = envs.step(actions)
+        trunc = np.logical_and(trunc, np.logical_not(term))
+        for i in range(self.num_envs):
+            for a in range(A):
+                decision = self.open[i * A + a]
+                if decision is not None:
+                    decision.reward += float(reward[i, a])
+            if actor_done[i]:
+                self._close(i * A + int(acting[i]), terminal=True)
+            if term[i] or trunc[i]:
+                finals = envs.final_obs.get(i, {})
+                for a in range(A):
+                    final = finals.get(a) if trunc[i] and self.open[i * A + a] else None
+                    self._close(i * A + a, terminal=final is None)
+                    if final is not None:
+                        key, obs, mask = final
+                        final_row = Decision(key, obs, mask, terminal=True, age=self.substeps)
+                        self.closed[i * A + a].append(final_row)
+        self.episodes.step(reward[:, 0], np.logical_or(term, trunc), returns, lengths)
+        self.substeps += 1
+
+    def _write_column(
+        self, slot: dict[str, torch.Tensor], column: int, stream: int, staged: dict
+    ) -> None:
+        """Pop ``T`` closed rows of ``stream`` into ``column``; peek the next as row T."""
+        T = self.T
+        queue = self.closed[stream]
+        rows: list[Decision | None] = [queue.popleft() for _ in range(min(T, len(queue)))]
+        rows.append(queue[0] if queue else self.open[stream])
+        for t, d in enumerate(rows):
+            if d is None:
+                break  # padding: zero observations, all actions legal
+            slot[f"obs_{d.key}"][t, column] = torch.from_numpy(d.obs)
+            if d.mask is not None:
+                slot[f"action_mask_{d.key}"][t, column] = torch.from_numpy(d.mask)
+            if d.action is not None:
+                slot[f"action_{d.key}"][t, column] = d.action
+            staged["step_key"][t, column] = d.key
+            if t < len(rows) - 1:  # the last is the peeked bootstrap row: defaults stand
+                staged["behaviour_log_prob"][t, column] = d.log_prob
+                staged["reward"][t, column] = d.reward
+                staged["terminal"][t, column] = d.terminal
+                staged["valid"][t, column] = d.action is not None
+
+    @torch.inference_mode()
+    def unroll(self, slot: dict[str, torch.Tensor]) -> UnrollResult:
+        """Step until ``N`` chunks are full (class docstring), write them into ``slot``."""
+        T, C = self.T, len(self.closed)
+        returns: list[float] = []
+        lengths: list[int] = []
+        start = self.substeps
+        while sum(len(q) // T for q in self.closed) < C:
+            self._substep(returns, lengths)
+        for name, value in slot.items():
+            if name.startswith(("obs_", "action_")):
+                value.zero_()
+            if name.startswith("action_mask_"):
+                value.fill_(True)
+        staged = {
+            "step_key": np.zeros((T + 1, C), dtype=np.int64),
+            "behaviour_log_prob": np.zeros((T, C), dtype=np.float32),
+            "reward": np.zeros((T, C), dtype=np.float32),
+            "terminal": np.ones((T, C), dtype=bool),
+            "valid": np.zeros((T, C), dtype=bool),
+        }
+        for column in range(C):
+            stream = min((q[0].age, s) for s, q in enumerate(self.closed) if len(q) >= T)[1]
+            self._write_column(slot, column, stream, staged)
+        write_staged(slot, staged, self.policy_version, self.actor_index)
+        return UnrollResult(returns, lengths, (self.substeps - start) * self.num_envs)
+
+    def close(self) -> None:
+        self.envs.close()

@@ -389,6 +389,8 @@ class Trainer:
         for lag in stats.policy_lag:
             ev.policy_lag(lag)
         ev.dropped_stale_rollouts(collected.dropped_stale)
+        if stats.padding_share is not None:
+            ev.padding_share(stats.padding_share)
 
     def _evaluate(self, model: torch.nn.Module, epoch: int) -> EvaluationResult:
         """Evaluate ``model``, with evaluation seeds drawn from the epoch it is from."""

@@ -461,7 +461,7 @@ class RayDistributedActors(DistributedActors):
             results = [result for _, _, result in taken] + dropped
             for result in results:
                 self.record_unroll(result)
-        n = cfg.envs_per_actor
+        n = self._batch_spec.N // cfg.actors_batch_size
         out = self._batch_arrays
         for b, (arrays, _, _) in enumerate(taken):
             cols = slice(b * n, (b + 1) * n)

@@ -52,7 +52,7 @@ class SequentialDistributedActors(DistributedActors):
             actor.load_policy(cpu_state, self.policy_version)
 
     def collect_outputs(self, learner_device: torch.device | str) -> CollectedOutputs:
-        n = self.cfg.envs_per_actor
+        n = self._batch["policy_version"].shape[0] // self.cfg.actors_batch_size
         env_steps = 0
         for b in range(self.cfg.actors_batch_size):
             actor = self.actors[self._next_actor]

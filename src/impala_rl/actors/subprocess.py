@@ -421,7 +421,7 @@ class SubprocessDistributedActors(DistributedActors):
         batch = self._batch_spec.allocate()
         if device.type == "cuda":
             batch = {k: v.pin_memory() for k, v in batch.items()}
-        n = self.cfg.envs_per_actor
+        n = self._batch_spec.N // self.cfg.actors_batch_size
         for b, slot_index in enumerate(taken):
             block = column_block(batch, b * n, (b + 1) * n)
             for key, src in self.slots[slot_index].items():

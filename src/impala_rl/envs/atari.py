@@ -17,7 +17,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from impala_rl.envs.factory import EnvError
+from impala_rl.envs.spaces import EnvError
 
 VECTOR_BACKENDS = ("python", "ale")
 

@@ -17,50 +17,21 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
-from gymnasium import spaces
+
+from impala_rl.envs.spaces import EnvError, ModelObservation, model_observation_space
+from impala_rl.envs.structured import is_structured
+from impala_rl.envs.vector import SameStepVectorEnv
 
 ALE_PREFIX = "ALE/"
 
-
-class EnvError(RuntimeError):
-    """An environment that cannot be built or used; the message says which and why."""
-
-
-def _is_image(space: spaces.Space) -> bool:
-    return isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
-
-
-def model_observation_space(space: spaces.Space) -> spaces.Box:
-    """The ``Box`` the model receives for an env's observation space."""
-    if _is_image(space):
-        return space  # type: ignore[return-value]
-    if isinstance(space, spaces.Box) and len(space.shape) == 1 and space.dtype == np.float32:
-        return space
-    try:
-        flat = spaces.flatten_space(space)
-    except NotImplementedError as exc:
-        raise EnvError(f"observation space {space} is not supported: {exc}") from None
-    if not isinstance(flat, spaces.Box):
-        raise EnvError(f"observation space {space} does not flatten to a Box")
-    return spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32)
-
-
-class ModelObservation(gym.ObservationWrapper):
-    """Presents any observation as the ``Box`` of :func:`model_observation_space`."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self._source = env.observation_space
-        self.observation_space = model_observation_space(env.observation_space)
-        self._identity = self.observation_space is self._source
-
-    def observation(self, observation: Any) -> Any:
-        if self._identity:
-            return observation
-        if isinstance(self._source, spaces.Box):
-            return np.asarray(observation, dtype=np.float32).reshape(-1)
-        return spaces.flatten(self._source, observation).astype(np.float32)
+__all__ = [
+    "EnvError",
+    "EnvFactory",
+    "ModelObservation",
+    "make_env_factory",
+    "make_vector_env",
+    "model_observation_space",
+]
 
 
 def _import_callable(spec: str) -> Callable[..., gym.Env]:
@@ -128,8 +99,6 @@ class EnvFactory:
                 raise EnvError(f"env.id {self.env_id!r}: {exc}") from None
             except TypeError as exc:
                 raise EnvError(f"env.kwargs for {self.env_id!r}: {exc}") from None
-        from impala_rl.envs.structured import is_structured
-
         if is_structured(env):  # spaces per step key: the structured vector env converts them
             if self.max_episode_steps is not None:
                 raise EnvError(
@@ -216,8 +185,6 @@ def make_vector_env(factory: Callable[[], gym.Env], num_envs: int) -> Any:
     puts the final one in ``info["final_obs"]``, which truncation needs for its bootstrap.
     Errors raised by an env name its index.
     """
-    from impala_rl.envs.vector import SameStepVectorEnv
-
     make_vector = getattr(factory, "make_vector", None)
     envs = make_vector(num_envs) if make_vector is not None else None
     if envs is not None:

@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from impala_rl.envs.factory import EnvError
+from impala_rl.envs.spaces import EnvError
 
 PREFIX = "MinAtar/"
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from impala_rl.envs.factory import EnvError
+from impala_rl.envs.spaces import EnvError
 from impala_rl.envs.structured import ActorID, StructuredEnv
 
 OPPONENTS = ("self_play", "random", "mixed")
@@ -131,6 +131,15 @@ class AECStructuredEnv(StructuredEnv):
         seat = self._seat()
         key = seat if self.policy_per_agent else 0
         return ActorID(step_key=key, agent_id=0 if self.opponent == "random" else seat)
+
+    def final_observation(self, agent_id: int) -> tuple[int, Any] | None:
+        """The seat's ``observe(agent)`` after a truncation, for its last decision's bootstrap."""
+        seat = self._learner_seat if self.opponent == "random" else agent_id
+        try:
+            obs = self.aec.observe(self.seats[seat])
+        except Exception:  # an AEC env that cannot observe a finished agent: termination
+            return None
+        return (seat if self.policy_per_agent else 0), obs
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         if seed is not None:

@@ -16,6 +16,8 @@ The protocol, in Gymnasium terms:
   the current actor and returns the observation of the **next** actor, the reward (a float
   that every agent receives, or an array ``[n_agents]`` of per-agent rewards),
   ``terminated`` and ``truncated`` for the whole episode, and an info dict.
+- ``final_observation(agent_id)``, asked after a truncating step (before the reset), gives
+  that agent's final ``(step_key, observation)``; without it truncation is termination.
 - ``actor_id()`` is the actor that acts next; ``is_actor_done()``, asked after a step, says
   whether the actor that made that step takes no more decisions in this episode (an agent
   eliminated while the others play on). It defaults to ``False``.
@@ -23,7 +25,7 @@ The protocol, in Gymnasium terms:
   action space) restricts that sub-step's policy to the legal actions; the other entries are
   flattened for the network.
 
-A plain Gymnasium env is not a ``StructuredEnv`` and keeps its own (unchanged) code path.
+A plain Gymnasium env is not a ``StructuredEnv`` and keeps its own code path for now.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from impala_rl.envs.factory import EnvError, model_observation_space
+from impala_rl.envs.spaces import EnvError, model_observation_space
 
 ACTION_MASK = "action_mask"
 
@@ -65,6 +67,12 @@ class StructuredEnv(gym.Env):
     def is_actor_done(self) -> bool:
         """After a step: the actor that made it takes no more decisions this episode."""
         return False
+
+    def final_observation(self, agent_id: int) -> tuple[int, Any] | None:
+        """After a truncating step: ``(step_key, observation)`` agent ``agent_id`` would
+        decide on next, so its last decision bootstraps from it; ``None`` (the default) makes
+        truncation end that agent's segment like termination."""
+        return None
 
 
 def is_structured(env: Any) -> bool:
@@ -136,6 +144,8 @@ class StructuredVectorEnv:
         }
         self.step_key = np.zeros(n, dtype=np.int64)
         self.agent_id = np.zeros(n, dtype=np.int64)
+        self.final_obs: dict[int, dict[int, tuple[int, np.ndarray, np.ndarray | None]]] = {}
+        """After :meth:`step`: env -> agent -> ``(step_key, obs, mask)`` where truncated."""
         self.single_observation_space = self.key_obs[self.step_keys[0]].space
         self.single_action_space = self.action_spaces[self.step_keys[0]]
 
@@ -193,11 +203,14 @@ class StructuredVectorEnv:
         truncated = np.zeros(n, dtype=bool)
         actor_done = np.zeros(n, dtype=bool)
         final_infos: dict[int, dict] = {}
+        self.final_obs = {}
         for i, env in enumerate(self.envs):
             try:
                 obs, reward, term, trunc, info = env.step(actions[i])
                 rewards[i] = self._rewards(i, reward)
                 actor_done[i] = bool(env.is_actor_done())
+                if trunc and not term:
+                    self.final_obs[i] = self._final_observations(env)
                 if term or trunc:
                     final_infos[i] = info
                     obs, _ = env.reset()
@@ -209,6 +222,16 @@ class StructuredVectorEnv:
             terminated[i] = term
             truncated[i] = trunc
         return rewards, terminated, truncated, actor_done, final_infos
+
+    def _final_observations(self, env: Any) -> dict[int, tuple[int, np.ndarray, np.ndarray | None]]:
+        finals = {}
+        for agent in range(self.n_agents):
+            final = env.final_observation(agent)
+            if final is not None:
+                key, obs = final
+                array, mask = self.key_obs[key](obs)
+                finals[agent] = (key, array, mask)
+        return finals
 
     def close(self) -> None:
         for env in self.envs:

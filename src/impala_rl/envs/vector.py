@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from impala_rl.envs.factory import EnvError
+from impala_rl.envs.spaces import EnvError
 
 
 class SameStepVectorEnv:

@@ -45,18 +45,12 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
     unsupported = {
         "model.core": (model_cfg.core, "none"),
         "model.use_last_action_reward": (model_cfg.use_last_action_reward, False),
-        "model.precision": (model_cfg.precision, "fp32"),
     }
     for field, (value, valid) in unsupported.items():
         if value != valid:
             raise ConfigError(
                 f"{field}={value!r} is not supported for structured envs yet; valid: {valid!r}"
             )
-    if model_cfg.shared_torso:
-        raise ConfigError(
-            "model.shared_torso=true is not supported for structured envs; valid: false "
-            "(policies and critics are separate networks there)"
-        )
     try:
         return StructuredActorCritic(
             {k: c.space for k, c in converters.items()},
@@ -68,6 +62,9 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
             critic=model_cfg.critic,
             mask_sizes={k: c.mask_size for k, c in converters.items()},
             n_agents=int(env.n_agents),
+            shared_torso=model_cfg.shared_torso,
+            precision=model_cfg.precision,
+            channels_last=model_cfg.channels_last,
         )
     except ValueError as exc:
         raise ConfigError(f"model (structured env): {exc}") from None

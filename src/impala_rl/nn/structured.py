@@ -22,6 +22,15 @@ from impala_rl.nn.encoders import MLPEncoder, make_encoder
 CRITIC_MODES = ("per_step_key", "shared")
 
 
+def _encode(torso: nn.Module, obs: Tensor, precision: str) -> Tensor:
+    """The torso's features in float32; with ``precision="bf16"`` the torso runs under bf16
+    autocast (weights stay float32), as :class:`impala_rl.nn.ActorCritic`'s encoder does."""
+    if precision != "bf16":
+        return torso(obs)
+    with torch.autocast(obs.device.type, dtype=torch.bfloat16):
+        return torso(obs).float()
+
+
 class PolicyNet(nn.Module):
     """Encoder and action head for one step key's observation ``[*batch, *o_k]``."""
 
@@ -32,14 +41,16 @@ class PolicyNet(nn.Module):
         hidden_sizes: Sequence[int],
         activation: str,
         encoder: str,
+        precision: str = "fp32",
     ):
         super().__init__()
+        self.precision = precision
         self.obs_shape = tuple(observation_space.shape)
         self.torso = make_encoder(encoder, self.obs_shape, hidden_sizes, activation)
         self.action_head: ActionHead = make_action_head(action_space, self.torso.out_features)
 
     def forward(self, obs: Tensor, action_mask: Tensor | None = None) -> ActionDistribution:
-        features = self.torso(obs)
+        features = _encode(self.torso, obs, self.precision)
         if action_mask is None:
             return self.action_head(features)
         if not isinstance(self.action_head, DiscreteHead):
@@ -50,15 +61,16 @@ class PolicyNet(nn.Module):
 class ValueNet(nn.Module):
     """Encoder and scalar value head: ``[*batch, *o]`` -> ``[*batch]``."""
 
-    def __init__(self, torso: nn.Module):
+    def __init__(self, torso: nn.Module, precision: str = "fp32"):
         super().__init__()
         self.torso = torso
+        self.precision = precision
         self.head = nn.Linear(torso.out_features, 1)
         nn.init.orthogonal_(self.head.weight, gain=1.0)
         nn.init.zeros_(self.head.bias)
 
     def forward(self, obs: Tensor) -> Tensor:
-        return self.head(self.torso(obs)).squeeze(-1)
+        return self.head(_encode(self.torso, obs, self.precision)).squeeze(-1)
 
 
 class StructuredActorCritic(nn.Module):
@@ -68,6 +80,9 @@ class StructuredActorCritic(nn.Module):
     spaces must be equal). ``critic="per_step_key"`` gives each key its own critic (critic key
     = step key); ``critic="shared"`` is one critic (critic key 0) over every key's observation,
     flattened, zero-padded to the widest key and followed by a one-hot of the step key.
+    ``shared_torso`` gives each per-key critic its policy's encoder (``critic="per_step_key"``
+    only); ``precision="bf16"`` runs the encoders under bf16 autocast; ``channels_last``
+    stores image encoders' activations channels-last.
     """
 
     def __init__(
@@ -81,8 +96,17 @@ class StructuredActorCritic(nn.Module):
         critic: str = "per_step_key",
         mask_sizes: Mapping[int, int | None] | None = None,
         n_agents: int = 1,
+        shared_torso: bool = False,
+        precision: str = "fp32",
+        channels_last: bool = False,
     ):
         super().__init__()
+        if shared_torso and critic != "per_step_key":
+            raise ValueError(
+                f"shared_torso=true needs critic=per_step_key (a critic per policy), got {critic!r}"
+            )
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be one of fp32, bf16, got {precision!r}")
         self.n_agents = int(n_agents)
         self.step_keys = sorted(observation_spaces)
         self.observation_spaces = dict(observation_spaces)
@@ -105,14 +129,24 @@ class StructuredActorCritic(nn.Module):
                         f"{observation_spaces[k0]} / {action_spaces[k0]}"
                     )
             net = PolicyNet(
-                observation_spaces[k0], action_spaces[k0], hidden_sizes, activation, encoder
+                observation_spaces[k0],
+                action_spaces[k0],
+                hidden_sizes,
+                activation,
+                encoder,
+                precision,
             )
             self.policies = nn.ModuleDict({"0": net})
         else:
             self.policies = nn.ModuleDict(
                 {
                     str(k): PolicyNet(
-                        observation_spaces[k], action_spaces[k], hidden_sizes, activation, encoder
+                        observation_spaces[k],
+                        action_spaces[k],
+                        hidden_sizes,
+                        activation,
+                        encoder,
+                        precision,
                     )
                     for k in self.step_keys
                 }
@@ -122,9 +156,12 @@ class StructuredActorCritic(nn.Module):
             self.critics = nn.ModuleDict(
                 {
                     str(k): ValueNet(
-                        make_encoder(
+                        self._policy_net(k).torso
+                        if shared_torso
+                        else make_encoder(
                             encoder, tuple(observation_spaces[k].shape), hidden_sizes, activation
-                        )
+                        ),
+                        precision,
                     )
                     for k in self.step_keys
                 }
@@ -137,7 +174,11 @@ class StructuredActorCritic(nn.Module):
             self._obs_dims = dims
             self._shared_width = max(dims.values()) + len(self.step_keys)
             torso = MLPEncoder((self._shared_width,), hidden_sizes, activation)
-            self.critics = nn.ModuleDict({"0": ValueNet(torso)})
+            self.critics = nn.ModuleDict({"0": ValueNet(torso, precision)})
+        if channels_last:
+            for module in self.modules():
+                if module is not self and hasattr(module, "use_channels_last"):
+                    module.use_channels_last()
 
     def _policy_net(self, step_key: int) -> PolicyNet:
         return self.policies["0" if self.shared_policy else str(step_key)]  # type: ignore[return-value]
