@@ -50,6 +50,12 @@ class RolloutEvaluatorConfig:
     """Take the mode of the action distribution instead of sampling."""
     max_episode_steps: int | None = None
     """Cut evaluation episodes after this many steps (``null``: the env's own limit)."""
+    background: bool = False
+    """Evaluate a snapshot of the epoch's weights in a thread while training goes on (one
+    evaluation at a time: an epoch that ends while one runs is not evaluated). Best-model
+    selection, patience and ``target_return`` act on each result when it arrives, with the
+    snapshot's weights and epoch; ``false``: evaluate at the end of every epoch, training
+    paused."""
 
 
 @dataclass
