@@ -60,7 +60,7 @@ class EnvFactory:
         env_id: str,
         kwargs: dict | None = None,
         max_episode_steps: int | None = None,
-        vector: str = "auto",
+        vector: str = "python",
     ):
         self.env_id = env_id
         self.kwargs = dict(kwargs or {})
