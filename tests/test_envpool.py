@@ -71,13 +71,14 @@ def test_envpool_is_seeded_by_reset():
 
 
 def test_auto_picks_envpool_for_cartpole_and_python_otherwise():
-    envs = make_vector_env(EnvFactory("CartPole-v1"), 2)
+    envs = make_vector_env(EnvFactory("CartPole-v1", vector="auto"), 2)
     assert isinstance(envs, EnvpoolVectorEnv)
     envs.close()
     for factory in (
+        EnvFactory("CartPole-v1"),  # the default is python
         EnvFactory("CartPole-v1", vector="python"),
-        EnvFactory("CartPole-v1", {"render_mode": "rgb_array"}),  # kwargs: Gymnasium's
-        EnvFactory("Acrobot-v1"),  # not measured faster
+        EnvFactory("CartPole-v1", {"render_mode": "rgb_array"}, vector="auto"),  # Gymnasium's
+        EnvFactory("Acrobot-v1", vector="auto"),  # not measured faster
     ):
         envs = make_vector_env(factory, 2)
         assert isinstance(envs, SameStepVectorEnv), factory
