@@ -55,6 +55,17 @@ STEP_FIELDS = (
 )
 
 
+def allocate_fields(
+    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], share_memory: bool = False
+) -> dict[str, torch.Tensor]:
+    """Zeroed tensors for a slot's ``{name: (shape, dtype)}`` (in shared memory if asked)."""
+    slot = {name: torch.zeros(shape, dtype=dtype) for name, (shape, dtype) in shapes.items()}
+    if share_memory:
+        for t in slot.values():
+            t.share_memory_()
+    return slot
+
+
 @dataclass(frozen=True)
 class RolloutSpec:
     """Shapes and dtypes of a slot: ``T`` steps of ``N`` envs."""
@@ -94,14 +105,7 @@ class RolloutSpec:
         }
 
     def allocate(self, share_memory: bool = False) -> dict[str, torch.Tensor]:
-        slot = {
-            name: torch.zeros(shape, dtype=dtype)
-            for name, (shape, dtype) in self.field_shapes().items()
-        }
-        if share_memory:
-            for t in slot.values():
-                t.share_memory_()
-        return slot
+        return allocate_fields(self.field_shapes(), share_memory)
 
 
 def column_block(batch: dict[str, torch.Tensor], start: int, stop: int) -> dict[str, torch.Tensor]:
@@ -390,14 +394,7 @@ class StructuredRolloutSpec:
         return fields
 
     def allocate(self, share_memory: bool = False) -> dict[str, torch.Tensor]:
-        slot = {
-            name: torch.zeros(shape, dtype=dtype)
-            for name, (shape, dtype) in self.field_shapes().items()
-        }
-        if share_memory:
-            for t in slot.values():
-                t.share_memory_()
-        return slot
+        return allocate_fields(self.field_shapes(), share_memory)
 
 
 def structured_spec_for(model: StructuredActorCritic, T: int, N: int) -> StructuredRolloutSpec:
