@@ -30,6 +30,7 @@ from impala_rl.actors.subprocess import SubprocessDistributedActors
 from impala_rl.config import ConfigError, ImpalaAlgorithmConfig, ModelConfig, RunnerConfig
 from impala_rl.envs import EnvFactory
 from impala_rl.nn.factory import build_model
+from stale_drops import EPISODE_LENGTH, check_dropped_rollouts_count_alike
 
 CRASH_ENV = "fault_envs:make_crashing_env"
 DEFAULT_TIME_LIMIT_S = 120.0
@@ -274,35 +275,13 @@ def test_trainer_reports_policy_lag_within_max_policy_lag(tmp_path, max_policy_l
 
 @pytest.mark.parametrize("backend", ["sequential", "subprocess"])
 def test_dropped_rollouts_count_in_episodes_and_env_steps_alike(backend):
-    """Episodes of length 3 on every env: whatever is recorded (taken or dropped), the finished
-    episodes fit the env steps counted, and the actors' and the batches' env steps agree."""
-    episode_length = 3
     actors = make_actors(
         backend,
         env_id="scripted_envs:make_env",
-        env_kwargs={"episode_lengths": [episode_length]},
+        env_kwargs={"episode_lengths": [EPISODE_LENGTH]},
         max_policy_lag=0,
     )
-    state = actors._template.state_dict()
-    env_steps = dropped = 0
-    with actors:
-        for _ in range(6):
-            out = actors.collect_outputs("cpu")
-            env_steps += out.env_steps
-            dropped += out.dropped_stale
-            time.sleep(0.2)  # actors fill the queue with rollouts that will be stale
-            for _ in range(2):
-                actors.broadcast_updated_policy(state)
-        stats = actors.get_epoch_stats_aggregator().reduce()
-    cfg = actors.cfg
-    columns = cfg.num_actors * cfg.envs_per_actor
-    rollout_steps = cfg.n_rollout_steps * cfg.envs_per_actor
-    assert env_steps == (6 * cfg.actors_batch_size + dropped) * rollout_steps
-    assert stats["actor_env_steps"] == env_steps
-    episodes = stats["episode_return/count"]
-    assert stats["episode_length/max"] == stats["episode_length/min"] == episode_length
-    # every counted step of a column belongs to a finished episode but its last (< 3) steps
-    assert env_steps - columns * (episode_length - 1) <= episodes * episode_length <= env_steps
+    dropped = check_dropped_rollouts_count_alike(actors, pause_s=0.2)
     if backend == "subprocess":
         assert dropped > 0
 
