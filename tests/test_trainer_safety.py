@@ -200,6 +200,15 @@ def test_resume_does_not_replay_the_first_runs_env_streams(tmp_path, monkeypatch
     assert torch.equal(first_rows[0], first_rows[2])
 
 
+def test_resume_keeps_the_window_of_recent_training_returns(tmp_path):
+    _train(tmp_path, "algorithm.n_epochs=1", "algorithm.epoch_length=4")
+    saved = checkpoint.load(tmp_path / "checkpoints" / "last.pt")["recent_returns"]
+    assert saved, "CartPole episodes end within the first epoch's unrolls"
+    trainer = _resume(tmp_path, "algorithm.n_epochs=2", "algorithm.epoch_length=1")
+    window = list(trainer.recent_returns)
+    assert window[: len(saved)] == saved[-100:][: len(window)]
+
+
 def test_optimizer_overrides_on_resume_are_applied(tmp_path):
     _train(tmp_path, "algorithm.n_epochs=1", "algorithm.epoch_length=1")
     trainer = _resume(

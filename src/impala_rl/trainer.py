@@ -126,6 +126,7 @@ class Trainer:
         self._config_dict = to_dict(cfg)  # written into every checkpoint; converting costs ms
         self.run_dir = Path(run_dir or cfg.log.run_dir or default_run_dir(cfg))
         self.resume = resume
+        self._restored_recent_returns: list[float] = []
         self.counters = Counters()
         self.device = resolve_device(cfg.algorithm.device)
 
@@ -185,6 +186,9 @@ class Trainer:
         self.learner.model.load_state_dict(data["model"])
         load_optimizer_state(self.learner.optimizer, data["optimizer"], self.cfg.algorithm)
         self.counters = Counters(**data["counters"])
+        # the training return's window carries over, so the first resumed epoch reports the
+        # same "last 100 episodes" mean as the run would have without the interruption
+        self._restored_recent_returns = list(data.get("recent_returns", []))
         self.learner.num_updates = self.counters.updates
         checkpoint.set_rng_state(data["rng"])
         # best.pt can be newer than last.pt (a hard kill between the two): its return is the
@@ -219,6 +223,7 @@ class Trainer:
             "model": self._finite_model_state(),
             "optimizer": self.learner.optimizer.state_dict(),
             "counters": dict(self.counters.__dict__),
+            "recent_returns": list(self.recent_returns),
             "rng": checkpoint.rng_state(),
             "config": self._config_dict,
         }
@@ -247,7 +252,7 @@ class Trainer:
         error: BaseException | None = None
         actors = make_actors(cfg, self.env_factory, self.learner.model, seed=self._actor_seed())
         actors.policy_version = self.learner.num_updates
-        self.recent_returns: deque[float] = deque(maxlen=100)
+        self.recent_returns: deque[float] = deque(self._restored_recent_returns, maxlen=100)
         self._start_wall = time.perf_counter() - c.wall_time_s
         self.learner.set_learning_rate(scheduled_lr(cfg.algorithm, c.env_steps, cfg.max_env_steps))
         self.evaluator = None
