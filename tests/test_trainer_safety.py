@@ -426,6 +426,9 @@ def test_background_evaluation_keeps_the_evaluated_snapshot_as_best(tmp_path, mo
     )
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(row["time_evaluation"] < 0.5 for row in metrics)
+    # The evaluation of the last epoch finished after its row: the row is written again with it.
+    assert metrics[-1]["epoch"] == 6 and metrics[-1]["eval_return/mean"] == 6.0
+    assert metrics[-1]["episode_return/mean"] == metrics[-2]["episode_return/mean"]
 
 
 def test_background_evaluation_patience_counts_evaluations(tmp_path, monkeypatch):

@@ -257,6 +257,7 @@ class Trainer:
         self.learner.set_learning_rate(scheduled_lr(cfg.algorithm, c.env_steps, cfg.max_env_steps))
         self.evaluator = None
         self._background_epoch = -1  # the epoch whose weights were last sent to be evaluated
+        self._last_epoch_stats: dict[str, float] = {}
         if cfg.algorithm.rollout_evaluator.background:
             self.evaluator = BackgroundEvaluator(self._evaluate)
         try:
@@ -469,10 +470,19 @@ class Trainer:
         done = self.evaluator.poll(wait=True)
         if done is not None:
             self._select(done[2], done[0], done[1])
+            self._rewrite_last_epoch()
         budget = stopped_because not in ("patience", "target_return")
         if budget and self._background_epoch != self.counters.epoch:
             epoch, model = self.counters.epoch, self.learner.model
             self._select(self._evaluate(model, epoch), epoch, model)
+            self._rewrite_last_epoch()
+
+    def _rewrite_last_epoch(self) -> None:
+        """Write the last epoch's row again with an evaluation that finished after it, so the
+        run's final evaluations reach every writer (readers keep an epoch's latest row)."""
+        stats = {**self._last_epoch_stats, **self.aggregator.reduce()}
+        for writer in self.writers:
+            writer.on_epoch(self.counters.epoch, self.counters.env_steps, stats)
 
     def _write_epoch_stats(self, actors: Any, epoch_start: float, epoch_steps: int) -> None:
         c = self.counters
@@ -488,6 +498,7 @@ class Trainer:
         self.run_events.time_epoch(elapsed)
         stats = {**actor_stats, **self.aggregator.reduce()}
         stats["wall_time_s"] = c.wall_time_s
+        self._last_epoch_stats = stats
         for writer in self.writers:
             writer.on_epoch(c.epoch, c.env_steps, stats)
 
