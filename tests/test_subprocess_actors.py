@@ -384,6 +384,29 @@ def test_killed_actor_is_restarted():
         assert stats["actor_restarts"] == 1
 
 
+def test_each_kill_is_one_restart_and_no_replacement_is_killed(caplog):
+    """A dead actor's pipe and sentinel can both be ready in one wait; the replacement's
+    sentinel may reuse the dead one's fd number. Neither may count as a second death (which
+    stalled 5 s and then killed the healthy replacement: 35 restarts for 27 kills in a soak)."""
+    kills = 20  # the race hits about one kill in eight
+    actors = make_actors("subprocess", max_actor_restarts=100)
+    with actors, caplog.at_level("WARNING", logger="impala_rl.actors.subprocess"):
+        actors.collect_outputs("cpu")
+        for k in range(kills):
+            actor = actors.actors[k % 2]
+            os.kill(actor.process.pid, signal.SIGKILL)
+            wait_until(lambda k=k: actors.restarts >= k + 1, 10, f"restart {k + 1}")
+            actors.collect_outputs("cpu")
+        replacements = actor_pids(actors)
+        deadline = time.monotonic() + 6.0  # past the 5 s join of a wrongly reaped replacement
+        while time.monotonic() < deadline:
+            actors.collect_outputs("cpu")
+        assert actors.restarts == kills
+        assert actor_pids(actors) == replacements and all(map(pid_alive, replacements))
+        deaths = [r for r in caplog.records if "died (exit code -9)" in r.getMessage()]
+        assert len(deaths) == kills
+
+
 def test_too_many_deaths_stop_collection():
     actors = make_actors("subprocess", max_actor_restarts=1)
     actors.start()

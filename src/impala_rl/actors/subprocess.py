@@ -277,7 +277,10 @@ class SubprocessDistributedActors(DistributedActors):
     def _give_slot(self, actor: _Actor) -> None:
         if actor.slot is None and actor.blocked_slot is None and self._free:
             actor.slot = self._free.popleft()
-            actor.conn.send(actor.slot)  # type: ignore[union-attr]
+            try:
+                actor.conn.send(actor.slot)  # type: ignore[union-attr]
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # died since the last wait: its sentinel fires next and reclaims the slot
 
     def stop(self) -> None:
         if not self._started:
@@ -317,15 +320,21 @@ class SubprocessDistributedActors(DistributedActors):
                     if self._stopping:
                         return
                     waitables: list[Any] = []
-                    owner: dict[Any, _Actor] = {}
+                    owner: dict[Any, tuple[_Actor, int]] = {}
                     for actor in self.actors:
                         if actor.conn is not None:
                             waitables += [actor.conn, actor.process.sentinel]
-                            owner[actor.conn] = owner[actor.process.sentinel] = actor
+                            owner[actor.conn] = owner[actor.process.sentinel] = (
+                                actor,
+                                actor.starts,
+                            )
                 for ready in wait(waitables, timeout=POLL_S):
-                    actor = owner[ready]
+                    actor, generation = owner[ready]
                     with self._lock:
-                        if actor.conn is None:  # already handled (died, not restarted)
+                        # Already handled: died (not restarted), or died and restarted while
+                        # this round's other entries waited. The replacement's sentinel can
+                        # reuse the dead one's fd number, so match generations, not values.
+                        if actor.conn is None or actor.starts != generation:
                             continue
                         if ready is actor.conn:
                             self._on_message(actor)
@@ -393,6 +402,13 @@ class SubprocessDistributedActors(DistributedActors):
             )
             self._lock.notify_all()
             return
+        log.warning(
+            "actor %d died (exit code %s); restarting it (%d of runner.max_actor_restarts=%d)",
+            actor.index,
+            exitcode,
+            self.restarts + 1,
+            self.max_restarts,
+        )
         self._spawn(actor)
         self._give_slot(actor)
         self.restarts += 1  # counted once the new process runs
