@@ -2,7 +2,9 @@
 nothing is lost that should not be, nothing leaks and the policy still learns.
 
 One ``impala train`` process (a new session, so everything it starts can be found) runs the
-``cartpole`` preset with ``target_return=null`` for ``--minutes``. Every ``--actor-kill-every``
+``cartpole`` preset (``key=value`` overrides after the options apply to it) with
+``target_return=null`` for ``--minutes``, or until the run's own ``max_env_steps`` budget ends
+it (then the uninterrupted run has the same lr schedule). Every ``--actor-kill-every``
 seconds one actor process is SIGKILLed (the backend must restart it); every
 ``--trainer-kill-every`` seconds the trainer is SIGKILLed and ``impala train --resume`` starts
 it again. At the end the run is stopped with SIGINT, and
@@ -20,6 +22,8 @@ it again. At the end the run is stopped with SIGINT, and
     PYTHONPATH=src python benchmarks/soak.py --backend ray --minutes 10
     PYTHONPATH=src python benchmarks/soak.py --minutes 3 --actor-kill-every 20 \
         --trainer-kill-every 70
+    PYTHONPATH=src python benchmarks/soak.py --minutes 45 algorithm.lr=5e-4 \
+        algorithm.lr_schedule=linear max_env_steps=700000    # a stable run: lr decays to 0
 
 It prints one JSON report (and writes it to ``RUN_DIR/soak.json``).
 """
@@ -121,9 +125,10 @@ def start(command: list[str], log) -> subprocess.Popen:
 
 
 def stop_session(proc: subprocess.Popen, sig: int, timeout: float = 60) -> list[int]:
-    """Send ``sig`` to the trainer, wait for it; returns the pids of its session still alive
-    10 s later (then kills them, so the soak itself leaves nothing)."""
-    os.kill(proc.pid, sig)
+    """Send ``sig`` (0: none) to the trainer, wait for it; returns the pids of its session
+    still alive 10 s later (then kills them, so the soak itself leaves nothing)."""
+    if sig:
+        os.kill(proc.pid, sig)
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -168,6 +173,7 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=20)
     parser.add_argument("--run-dir", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="soak-"))
@@ -179,6 +185,7 @@ def main() -> None:
         "log.console=false",
         "log.checkpoint_every_epochs=1",
         f"seed={args.seed}",
+        *args.overrides,
     ]
     shm_before = shm_files()
     log = open(run_dir.parent / f"{run_dir.name}.log", "a")  # noqa: SIM115
@@ -196,8 +203,14 @@ def main() -> None:
             segment["resumed_from_env_steps"] = checkpoint.load(last_pt)["counters"]["env_steps"]
         next_actor_kill = seg_start + args.actor_kill_every
         seg_end = min(t_end, seg_start + args.trainer_kill_every)
+        budget_done = False
         while time.monotonic() < seg_end:
             if proc.poll() is not None:
+                summary = run_dir / "summary.json"
+                if proc.returncode == 0 and summary.is_file():
+                    if json.loads(summary.read_text())["stopped_because"] == "max_env_steps":
+                        budget_done = True
+                        break
                 raise SystemExit(
                     f"the trainer exited by itself ({proc.returncode}); see {log.name}"
                 )
@@ -206,6 +219,9 @@ def main() -> None:
                 60, args.actor_kill_every / 2
             ):
                 segment["memory_start"] = memory(proc.pid)
+            if "memory_start" in segment and now >= segment.get("memory_next", 0):
+                segment["memory_last"] = memory(proc.pid)  # the end's, if the budget ends it
+                segment["memory_next"] = now + 10
             if now >= next_actor_kill:
                 actors = actor_pids(proc.pid)
                 if actors:
@@ -213,10 +229,15 @@ def main() -> None:
                     actor_kills += 1
                 next_actor_kill = now + args.actor_kill_every
             time.sleep(0.5)
-        segment["memory_end"] = memory(proc.pid)
-        final = time.monotonic() >= t_end
+        final = budget_done or time.monotonic() >= t_end
+        if budget_done:
+            segment["memory_end"] = segment.get("memory_last", segment.get("memory_start"))
+            leftovers += stop_session(proc, 0)
+        else:
+            segment["memory_end"] = memory(proc.pid)
         before_kill = last_metrics(run_dir).get("total_env_steps", 0)
-        leftovers += stop_session(proc, signal.SIGINT if final else signal.SIGKILL)
+        if not budget_done:
+            leftovers += stop_session(proc, signal.SIGINT if final else signal.SIGKILL)
         saved = checkpoint.load(last_pt)["counters"]["env_steps"]
         segment["env_steps_lost"] = 0 if final else max(0, before_kill - saved)
         segment["env_steps_at_end"] = saved
@@ -252,7 +273,7 @@ def main() -> None:
     growth = [
         round(100 * (s["memory_end"][k] / s["memory_start"][k] - 1), 1)
         for s in segments
-        if "memory_start" in s
+        if s.get("memory_start") and s.get("memory_end")
         for k in ("trainer_mib",)
         if s["memory_start"][k] > 0
     ]

@@ -598,3 +598,62 @@ def test_training_goes_on_when_a_node_dies(tmp_path, monkeypatch, two_node_clust
     assert sum(row.get("lost_rollouts", 0) for row in rows) == actors.lost
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     assert not ray.is_initialized()
+
+
+# ---------------------------------------------------------------------------------------------
+# A SIGKILLed trainer leaves no Ray process behind
+# ---------------------------------------------------------------------------------------------
+
+
+def _session(pid: int) -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else int(fields[3])
+
+
+def _session_pids(sid: int) -> list[int]:
+    pids = (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit())
+    return [pid for pid in pids if _session(pid) == sid]
+
+
+@time_limit(180)
+def test_sigkilled_trainer_leaves_no_ray_process(tmp_path):
+    """Ray's dashboard and runtime-env agents outlive a killed driver; the watchdog the backend
+    starts with its local Ray stops them (and itself) within seconds."""
+    from test_cli import _cmd, _env
+
+    run_dir = tmp_path / "run"
+    args = [
+        "train",
+        "cartpole",
+        "runner.backend=ray",
+        "algorithm.num_actors=2",
+        "target_return=null",
+        "max_env_steps=100000000",
+        "log.console=false",
+        "log.tensorboard=false",
+        "--run-dir",
+        str(run_dir),
+    ]
+    proc = subprocess.Popen(
+        _cmd(*args),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        wait_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, 120, "an epoch")
+        names = [Path(f"/proc/{p}/cmdline").read_bytes() for p in _session_pids(proc.pid)]
+        assert any(n.startswith(b"ray::DashboardAgent") for n in names)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        wait_until(lambda: not _session_pids(proc.pid), 15, "the Ray processes to end")
+    finally:
+        if _session_pids(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -40,9 +40,11 @@ import dataclasses
 import math
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -133,6 +135,27 @@ class _Actor:
         self.delivered = 0  # rollouts delivered since the last (re)start
 
 
+def start_watchdog() -> subprocess.Popen:
+    """The process that stops this trainer's local Ray if the trainer dies without doing it
+    (see :mod:`impala_rl.actors.ray_watchdog`; run as a script, so it imports no torch)."""
+    script = Path(__file__).with_name("ray_watchdog.py")
+    return subprocess.Popen([sys.executable, str(script), str(os.getpid())], stdin=subprocess.PIPE)
+
+
+def stop_watchdog(watchdog: subprocess.Popen) -> None:
+    """Tell the watchdog Ray was stopped cleanly, and join it."""
+    try:
+        watchdog.stdin.write(b"stop")  # type: ignore[union-attr]
+        watchdog.stdin.close()  # type: ignore[union-attr]
+    except OSError:
+        pass
+    try:
+        watchdog.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        watchdog.kill()
+        watchdog.wait()
+
+
 class RayDistributedActors(DistributedActors):
     """``num_actors`` Ray actors, a bounded queue of finished rollouts, restarts on failures."""
 
@@ -151,6 +174,7 @@ class RayDistributedActors(DistributedActors):
         self.lost = 0
         self._started = False
         self._owns_ray = False
+        self._watchdog: subprocess.Popen | None = None
 
     # -- life cycle ----------------------------------------------------------------------------
     def _init_ray(self) -> None:
@@ -195,6 +219,8 @@ class RayDistributedActors(DistributedActors):
             else:
                 os.environ["PYTHONPATH"] = saved
         self._owns_ray = True
+        if self.address is None:
+            self._watchdog = start_watchdog()
 
     def start(self) -> None:
         cfg = self.cfg
@@ -296,6 +322,9 @@ class RayDistributedActors(DistributedActors):
         if self._owns_ray:
             self._owns_ray = False
             self.ray.shutdown()
+            if self._watchdog is not None:
+                stop_watchdog(self._watchdog)
+                self._watchdog = None
 
     # -- the dispatcher thread ------------------------------------------------------------------
     def _dispatch_loop(self) -> None:
