@@ -28,7 +28,8 @@ Layout
 - ``runner.ray_address``: ``null`` starts a local Ray (dashboard off unless asked, bound to
   this machine) and stops it in :meth:`stop`, with a watchdog process that stops it if the
   trainer is killed (:mod:`impala_rl.actors.ray_watchdog`); ``auto`` / ``host:port`` joins a
-  cluster and only disconnects. A Ray the caller initialised already is used as it is and left running.
+  cluster and only disconnects. A Ray the caller initialised already is used as it is and
+  left running.
 
 Ray is an optional dependency (``pip install 'impala-rl[ray]'``), imported only here and only
 when the backend is created.
