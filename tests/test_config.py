@@ -458,3 +458,21 @@ def test_choice_tuples_are_defined_once():
     assert encoders.ENCODERS is config_module.ENCODERS
     assert mlp.ACTIVATIONS is config_module.ACTIVATIONS
     assert RULES["model.encoder"].valid == " | ".join(config_module.ENCODERS)
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (["model.shared_torso=true", "model.actor_hidden_sizes=[8]"], "model.actor_hidden_sizes"),
+        (
+            ["model.encoder=nature_cnn", "model.critic_hidden_sizes=[8]"],
+            "model.critic_hidden_sizes",
+        ),  # noqa: E501
+        (["model.actor_hidden_sizes=[]"], "model.actor_hidden_sizes"),
+        (["model.encoder=minatar_cnn", "model.normalize_obs=true"], "model.normalize_obs"),
+        (["model.init=xavier"], "model.init"),
+    ],
+)
+def test_model_knobs_that_cannot_apply_are_refused_by_name(overrides, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config("cartpole", overrides)

@@ -342,3 +342,76 @@ def test_gradients_reach_all_parameters(action_space: gymnasium.Space, shared: b
 def test_non_box_observation_space_raises(obs_space: gymnasium.Space) -> None:
     with pytest.raises(ValueError, match="Box"):
         ActorCritic(obs_space, spaces.Discrete(2))
+
+
+# -- observation normalization, weight init, separate actor and critic sizes ------------------
+
+
+def test_running_obs_norm_matches_the_statistics_of_all_data_seen():
+    from impala_rl.nn.normalization import RunningObsNorm
+
+    gen = torch.Generator().manual_seed(0)
+    norm = RunningObsNorm((3,))
+    chunks = [torch.randn(n, 3, generator=gen) * 4 + 7 for n in (1, 5, 64, 2)]
+    for chunk in chunks:
+        norm.update(chunk.reshape(-1, 1, 3))  # any leading dims
+    data = torch.cat(chunks).double().numpy()
+    assert int(norm.count) == len(data)
+    np.testing.assert_allclose(norm.mean.numpy(), data.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(norm.var.numpy(), data.var(0), rtol=1e-10)
+    x = torch.tensor([[7.0, 7.0, 1e6]])
+    expected = (x.double().numpy() - data.mean(0)) / np.sqrt(data.var(0) + 1e-8)
+    np.testing.assert_allclose(norm(x).numpy(), np.clip(expected, -10, 10), rtol=1e-5)
+
+
+def _mlp_model(**model):
+    from impala_rl.config import ModelConfig
+    from impala_rl.nn.factory import build_model
+
+    space = gymnasium.spaces.Box(-1, 1, (6,), np.float32)
+    return build_model(ModelConfig(**model), space, gymnasium.spaces.Discrete(4))
+
+
+def _gain(weight: torch.Tensor) -> float:
+    """The gain of an orthogonal-initialised weight: its singular values, all equal."""
+    s = torch.linalg.svdvals(weight.detach().reshape(weight.shape[0], -1))
+    assert float(s.max() - s.min()) < 1e-4 * float(s.max())
+    return float(s[0])
+
+
+def test_orthogonal_init_uses_the_usual_gains_per_layer_type():
+    torch.manual_seed(0)
+    model = _mlp_model(init="orthogonal", hidden_sizes=[32, 32])
+    hidden = [m for m in model.policy_torso.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(hidden) == 2
+    for layer in hidden:
+        assert _gain(layer.weight) == pytest.approx(np.sqrt(2), rel=1e-4)
+        assert not layer.bias.any()
+    assert _gain(model.action_head.logits.weight) == pytest.approx(0.01, rel=1e-4)
+    assert _gain(model.value_head.weight) == pytest.approx(1.0, rel=1e-4)
+
+
+def test_torch_init_is_pytorchs_default_and_builtin_is_unchanged():
+    torch.manual_seed(0)
+    builtin = _mlp_model()
+    torch.manual_seed(0)
+    also_builtin = _mlp_model(init="builtin")
+    for a, b in zip(builtin.parameters(), also_builtin.parameters(), strict=True):
+        assert torch.equal(a, b)
+    torch.manual_seed(0)
+    default = _mlp_model(init="torch")
+    first = next(m for m in default.policy_torso.modules() if isinstance(m, torch.nn.Linear))
+    bound = 1 / np.sqrt(first.in_features)  # PyTorch's Linear init: U(-1/sqrt(in), 1/sqrt(in))
+    assert first.bias.abs().max() <= bound and first.bias.abs().max() > 0
+    assert first.weight.abs().max() <= bound
+
+
+def test_actor_and_critic_torsos_take_their_own_sizes():
+    model = _mlp_model(actor_hidden_sizes=[8], critic_hidden_sizes=[32, 16])
+    widths = [
+        [m.out_features for m in torso.modules() if isinstance(m, torch.nn.Linear)]
+        for torso in (model.policy_torso, model.value_torso)
+    ]
+    assert widths == [[8], [32, 16]]
+    out = model(torch.zeros(5, 6))
+    assert out.value.shape == (5,) and out.dist.sample().shape == (5,)

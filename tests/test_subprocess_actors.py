@@ -76,6 +76,7 @@ def make_actors(
     seed: int = 0,
     max_actor_restarts: int = 3,
     shutdown_timeout_s: float = 5.0,
+    normalize_obs: bool = False,
     **algorithm: object,
 ) -> DistributedActors:
     """A small actor backend on CartPole (or ``env_id``) with a seeded random MLP policy."""
@@ -84,7 +85,11 @@ def make_actors(
     observation_space, action_space = probe.observation_space, probe.action_space
     probe.close()
     torch.manual_seed(1234)
-    model = build_model(ModelConfig(hidden_sizes=[16]), observation_space, action_space)
+    model = build_model(
+        ModelConfig(hidden_sizes=[16], normalize_obs=normalize_obs), observation_space, action_space
+    )
+    if normalize_obs:  # statistics far from the identity, so that using them shows
+        model.obs_norm.update(torch.randn(64, *observation_space.shape) * 0.1 + 0.5)
     settings = {
         "num_actors": 2,
         "envs_per_actor": 2,
@@ -186,6 +191,25 @@ def test_subprocess_matches_sequential_exactly():
     compared = [u for i in range(3) for u in sequential[i][:wanted]]
     assert any(u["terminated"].any() for u in compared)
     assert any(u["truncated"].any() for u in compared)
+
+
+def test_observation_statistics_reach_every_backend_alike():
+    """The model's normalization statistics travel with its weights: subprocess actors act
+    exactly as sequential ones, and differently from a model without the statistics."""
+    settings = dict(num_actors=2, envs_per_actor=2, n_rollout_steps=8, actors_batch_size=2, seed=3)
+    normed = collect_unrolls_per_actor(
+        make_actors("sequential", normalize_obs=True, **settings), 2, 2, 2
+    )
+    parallel = collect_unrolls_per_actor(
+        make_actors("subprocess", normalize_obs=True, **settings), 2, 2, 2
+    )
+    plain = collect_unrolls_per_actor(make_actors("sequential", **settings), 2, 2, 2)
+    for index in (0, 1):
+        for k in range(2):
+            for name, expected in normed[index][k].items():
+                assert torch.equal(expected, parallel[index][k][name]), (index, k, name)
+    logp = "behaviour_log_prob"
+    assert not torch.equal(normed[0][0][logp], plain[0][0][logp])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from impala_rl import checkpoint
 from impala_rl import trainer as trainer_mod
 from impala_rl.config import load_config, to_dict
 from impala_rl.learner import Learner, NonFiniteError, scheduled_lr
-from impala_rl.trainer import Trainer
+from impala_rl.trainer import Trainer, load_policy
 
 FAST = ["log.console=false", "log.tensorboard=false", "runner.backend=sequential"]
 # The cartpole preset: 2 actors x 8 envs x 32 steps, both actors per batch.
@@ -348,3 +348,30 @@ def test_cartpole_preset_learns(tmp_path):
     reached = [steps for steps, ret in curve if ret is not None and ret >= 195]
     assert reached, f"training return never reached 195 within {LEARNING_BUDGET} steps: {curve}"
     assert reached[0] <= LEARNING_BUDGET
+
+
+def test_observation_statistics_round_trip_through_checkpoints_and_load_policy(tmp_path):
+    """normalize_obs: the learner's statistics (of every observation it trained on) are saved
+    with the weights, and load_policy's model normalizes with them."""
+    seen: list[torch.Tensor] = []
+    update = Learner.update
+
+    def recording_update(self, batch, train_policy=True):
+        seen.append(batch["obs"][:-1].reshape(-1, 4).double().clone())
+        return update(self, batch, train_policy=train_policy)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Learner, "update", recording_update)
+        _train(tmp_path, "model.normalize_obs=true", "algorithm.n_epochs=2", "target_return=null")
+    data = torch.cat(seen)
+    last = checkpoint.load(tmp_path / "checkpoints" / "last.pt")["model"]
+    assert int(last["obs_norm.count"]) == len(data)
+    torch.testing.assert_close(last["obs_norm.mean"], data.mean(0))
+    torch.testing.assert_close(last["obs_norm.var"], data.var(0, unbiased=False))
+    policy = load_policy(tmp_path, which="last")
+    assert torch.equal(policy.model.obs_norm.mean, last["obs_norm.mean"])
+    obs = torch.tensor([[0.1, 0.5, -0.05, 0.3]])
+    expected = policy.model.policy_torso(
+        ((obs.double() - data.mean(0)) / (data.var(0, unbiased=False) + 1e-8).sqrt()).float()
+    )
+    torch.testing.assert_close(policy.model.policy_torso(policy.model._check(obs)), expected)

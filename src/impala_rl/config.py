@@ -31,6 +31,7 @@ START_METHODS = ("forkserver", "spawn", "fork")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")
 ENCODERS = ("mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
 CORES = ("none", "lstm")
+INITS = ("builtin", "orthogonal", "torch")
 PRECISIONS = ("fp32", "bf16")
 CRITIC_MODES = ("per_step_key", "shared")
 VECTOR_ENVS = ("auto", "python", "envpool")
@@ -177,6 +178,21 @@ class ModelConfig:
     critic: str = "per_step_key"
     """Structured envs: ``per_step_key`` (a critic per step key) or ``shared`` (one critic over
     every sub-step's observation, padded, with a one-hot step key)."""
+    actor_hidden_sizes: list[int] | None = None
+    """The policy torso's hidden widths when the torso is not shared (``mlp`` encoder);
+    ``null``: ``hidden_sizes``."""
+    critic_hidden_sizes: list[int] | None = None
+    """The value torso's hidden widths when the torso is not shared (``mlp`` encoder);
+    ``null``: ``hidden_sizes``."""
+    init: str = "builtin"
+    """Weight init: ``builtin`` (each layer's own: orthogonal for MLPs, the Nature CNN, the
+    LSTM and the heads, PyTorch's for the ResNet and MinAtar convolutions), ``orthogonal``
+    (every layer; gain sqrt(2) hidden, 0.01 policy output, 1 value head; zero biases) or
+    ``torch`` (PyTorch's defaults)."""
+    normalize_obs: bool = False
+    """Normalize vector observations by their running mean and variance (clipped to +-10):
+    updated by the learner from every training batch, kept in the model's state (actors,
+    checkpoints, evaluation and ``load_policy`` use it). ``mlp`` encoder, plain envs."""
 
 
 @dataclass
@@ -467,6 +483,17 @@ RULES: dict[str, Rule] = {
     "model.lstm_hidden_size": at_least(1, integer=True),
     "model.precision": one_of(PRECISIONS),
     "model.critic": one_of(CRITIC_MODES),
+    "model.actor_hidden_sizes": Rule(
+        lambda v: len(v) >= 1 and all(h >= 1 for h in v),
+        "a non-empty list of integers >= 1",
+        nullable=True,
+    ),
+    "model.critic_hidden_sizes": Rule(
+        lambda v: len(v) >= 1 and all(h >= 1 for h in v),
+        "a non-empty list of integers >= 1",
+        nullable=True,
+    ),
+    "model.init": one_of(INITS),
     "runner.backend": one_of(BACKENDS),
     "runner.start_method": one_of(START_METHODS),
     "runner.max_actor_restarts": at_least(0, integer=True),
@@ -542,6 +569,20 @@ def validate(cfg: RunConfig) -> None:
             a.lr_decay_env_steps,
         )
     m = cfg.model
+    for key in ("actor_hidden_sizes", "critic_hidden_sizes"):
+        if getattr(m, key) is not None and (m.shared_torso or m.encoder != "mlp"):
+            _refuse(
+                f"model.{key}",
+                "null when model.shared_torso is true or model.encoder is not mlp (set "
+                "model.hidden_sizes instead)",
+                getattr(m, key),
+            )
+    if m.normalize_obs and m.encoder != "mlp":
+        _refuse(
+            "model.normalize_obs",
+            f"false for model.encoder={m.encoder} (images are scaled to [0, 1] already)",
+            m.normalize_obs,
+        )
     if m.core != "none" and not m.shared_torso:
         _refuse(
             "model.shared_torso",

@@ -165,6 +165,8 @@ class Learner:
         obs = batch["obs"]
         if obs.is_floating_point() and not bool(torch.isfinite(obs).all()):
             raise NonFiniteError("observations contain NaN or Inf")
+        if self.model.obs_norm is not None:  # rows 0..T-1: row T opens the next unroll
+            self.model.obs_norm.update(obs[:-1])
         self.model.train()
         out = self.model(obs, **model_inputs(self.model, batch))  # over [T+1, B]
         action = batch["action"]

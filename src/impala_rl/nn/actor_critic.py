@@ -29,6 +29,8 @@ from impala_rl.nn.distributions import (
     make_action_head,
 )
 from impala_rl.nn.encoders import make_encoder
+from impala_rl.nn.init import VALUE_HEAD
+from impala_rl.nn.normalization import RunningObsNorm
 
 __all__ = ["PRECISIONS", "ActorCritic", "PolicyOutput"]
 
@@ -95,6 +97,9 @@ class ActorCritic(nn.Module):
         use_last_action_reward: bool = False,
         precision: str = "fp32",
         channels_last: bool = False,
+        actor_hidden_sizes: Sequence[int] | None = None,
+        critic_hidden_sizes: Sequence[int] | None = None,
+        normalize_obs: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(observation_space, gymnasium.spaces.Box):
@@ -119,11 +124,17 @@ class ActorCritic(nn.Module):
             action_feature_size(action_space) + 1 if self.use_last_action_reward else 0
         )
 
-        def torso() -> nn.Module:
-            return make_encoder(encoder, self.obs_shape, hidden_sizes, activation)
+        if self.shared_torso and (actor_hidden_sizes or critic_hidden_sizes):
+            raise ValueError("separate actor/critic hidden sizes need shared_torso=false")
 
-        self.policy_torso = torso()
-        self.value_torso: nn.Module | None = None if self.shared_torso else torso()
+        def torso(sizes: Sequence[int] | None) -> nn.Module:
+            return make_encoder(encoder, self.obs_shape, sizes or hidden_sizes, activation)
+
+        self.obs_norm = RunningObsNorm(self.obs_shape) if normalize_obs else None
+        self.policy_torso = torso(actor_hidden_sizes)
+        self.value_torso: nn.Module | None = (
+            None if self.shared_torso else torso(critic_hidden_sizes)
+        )
         features = self.policy_torso.out_features + self.extra_features
         self.core: LSTMCore | None = None
         if core == "lstm":
@@ -136,6 +147,7 @@ class ActorCritic(nn.Module):
         self.value_head = nn.Linear(value_in, 1)
         nn.init.orthogonal_(self.value_head.weight, gain=1.0)
         nn.init.zeros_(self.value_head.bias)
+        setattr(self.value_head, VALUE_HEAD, True)
         if channels_last:
             for module in (self.policy_torso, self.value_torso):
                 if module is not None and hasattr(module, "use_channels_last"):
@@ -159,7 +171,8 @@ class ActorCritic(nn.Module):
 
     # -- internals -------------------------------------------------------------------------------
     def _check(self, obs: Tensor) -> Tensor:
-        """``obs`` must be ``[*batch, *obs_shape]``; the torsos flatten or convolve it."""
+        """``obs`` must be ``[*batch, *obs_shape]``; the torsos flatten or convolve what this
+        returns (``obs``, normalized with ``normalize_obs``)."""
         n = len(self.obs_shape)
         batch_ndim = obs.ndim - n
         if batch_ndim < 0 or tuple(obs.shape[batch_ndim:]) != self.obs_shape:
@@ -172,7 +185,7 @@ class ActorCritic(nn.Module):
                 "a model with a core needs time-major observations [T, B, *obs_shape], got "
                 f"{tuple(obs.shape)}"
             )
-        return obs
+        return obs if self.obs_norm is None else self.obs_norm(obs)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.precision == "bf16":

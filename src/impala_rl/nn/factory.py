@@ -8,6 +8,7 @@ import gymnasium as gym
 
 from impala_rl.config import ConfigError, ModelConfig
 from impala_rl.nn.actor_critic import ActorCritic
+from impala_rl.nn.init import initialize
 from impala_rl.nn.structured import StructuredActorCritic
 
 
@@ -16,7 +17,7 @@ def build_model(
 ) -> ActorCritic:
     """The model for these spaces; a mismatch (e.g. a CNN on vectors) is a ``ConfigError``."""
     try:
-        return ActorCritic(
+        model = ActorCritic(
             observation_space,
             action_space,
             hidden_sizes=tuple(model_cfg.hidden_sizes),
@@ -28,9 +29,14 @@ def build_model(
             use_last_action_reward=model_cfg.use_last_action_reward,
             precision=model_cfg.precision,
             channels_last=model_cfg.channels_last,
+            actor_hidden_sizes=model_cfg.actor_hidden_sizes,
+            critic_hidden_sizes=model_cfg.critic_hidden_sizes,
+            normalize_obs=model_cfg.normalize_obs,
         )
     except ValueError as exc:
         raise ConfigError(f"model (encoder={model_cfg.encoder!r}): {exc}") from None
+    initialize(model, model_cfg.init)
+    return model
 
 
 def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | StructuredActorCritic:
@@ -45,6 +51,7 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
     unsupported = {
         "model.core": (model_cfg.core, "none"),
         "model.use_last_action_reward": (model_cfg.use_last_action_reward, False),
+        "model.normalize_obs": (model_cfg.normalize_obs, False),
     }
     for field, (value, valid) in unsupported.items():
         if value != valid:
@@ -52,7 +59,7 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
                 f"{field}={value!r} is not supported for structured envs yet; valid: {valid!r}"
             )
     try:
-        return StructuredActorCritic(
+        model = StructuredActorCritic(
             {k: c.space for k, c in converters.items()},
             env.action_spaces,
             hidden_sizes=tuple(model_cfg.hidden_sizes),
@@ -65,6 +72,10 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
             shared_torso=model_cfg.shared_torso,
             precision=model_cfg.precision,
             channels_last=model_cfg.channels_last,
+            actor_hidden_sizes=model_cfg.actor_hidden_sizes,
+            critic_hidden_sizes=model_cfg.critic_hidden_sizes,
         )
     except ValueError as exc:
         raise ConfigError(f"model (structured env): {exc}") from None
+    initialize(model, model_cfg.init)
+    return model

@@ -18,6 +18,7 @@ from impala_rl.nn.distributions import (
     make_action_head,
 )
 from impala_rl.nn.encoders import MLPEncoder, make_encoder
+from impala_rl.nn.init import VALUE_HEAD
 
 CRITIC_MODES = ("per_step_key", "shared")
 
@@ -68,6 +69,7 @@ class ValueNet(nn.Module):
         self.head = nn.Linear(torso.out_features, 1)
         nn.init.orthogonal_(self.head.weight, gain=1.0)
         nn.init.zeros_(self.head.bias)
+        setattr(self.head, VALUE_HEAD, True)
 
     def forward(self, obs: Tensor) -> Tensor:
         return self.head(_encode(self.torso, obs, self.precision)).squeeze(-1)
@@ -99,8 +101,14 @@ class StructuredActorCritic(nn.Module):
         shared_torso: bool = False,
         precision: str = "fp32",
         channels_last: bool = False,
+        actor_hidden_sizes: Sequence[int] | None = None,
+        critic_hidden_sizes: Sequence[int] | None = None,
     ):
         super().__init__()
+        if shared_torso and (actor_hidden_sizes or critic_hidden_sizes):
+            raise ValueError("separate actor/critic hidden sizes need shared_torso=false")
+        critic_sizes = critic_hidden_sizes or hidden_sizes
+        hidden_sizes = actor_hidden_sizes or hidden_sizes
         if shared_torso and critic != "per_step_key":
             raise ValueError(
                 f"shared_torso=true needs critic=per_step_key (a critic per policy), got {critic!r}"
@@ -159,7 +167,7 @@ class StructuredActorCritic(nn.Module):
                         self._policy_net(k).torso
                         if shared_torso
                         else make_encoder(
-                            encoder, tuple(observation_spaces[k].shape), hidden_sizes, activation
+                            encoder, tuple(observation_spaces[k].shape), critic_sizes, activation
                         ),
                         precision,
                     )
@@ -173,7 +181,7 @@ class StructuredActorCritic(nn.Module):
             dims = {k: int(np.prod(observation_spaces[k].shape)) for k in self.step_keys}
             self._obs_dims = dims
             self._shared_width = max(dims.values()) + len(self.step_keys)
-            torso = MLPEncoder((self._shared_width,), hidden_sizes, activation)
+            torso = MLPEncoder((self._shared_width,), critic_sizes, activation)
             self.critics = nn.ModuleDict({"0": ValueNet(torso, precision)})
         if channels_last:
             for module in self.modules():

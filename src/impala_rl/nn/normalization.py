@@ -1,0 +1,52 @@
+"""Running observation normalization: statistics kept as module buffers.
+
+As buffers they are part of the model's state dict, so the actors' weight copies, the
+checkpoints, the evaluator and :func:`impala_rl.trainer.load_policy` all use the same
+statistics; only the learner updates them, from the observations of each training batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+class RunningObsNorm(nn.Module):
+    """``clamp((x - mean) / sqrt(var + eps), -clip, clip)`` over ``[*batch, *shape]``.
+
+    Mean and (population) variance are merged batch by batch with Chan et al.'s parallel
+    update, so after any sequence of :meth:`update` calls they equal those of all the data seen.
+    Before the first update the mean is 0 and the variance 1 (the identity up to ``eps``).
+    """
+
+    def __init__(self, shape: Sequence[int], clip: float = 10.0, eps: float = 1e-8):
+        super().__init__()
+        self.shape = tuple(int(s) for s in shape)
+        self.clip = float(clip)
+        self.eps = float(eps)
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros(self.shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(self.shape, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: Tensor) -> None:
+        """Merge the statistics of ``x [*batch, *shape]`` into the running ones."""
+        x = x.detach().reshape(-1, *self.shape).to(self.mean.device, torch.float64)
+        n = x.shape[0]
+        if n == 0:
+            return
+        batch_mean = x.mean(dim=0)
+        batch_var = x.var(dim=0, unbiased=False)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        m2 = self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total
+        self.mean.add_(delta * n / total)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def forward(self, x: Tensor) -> Tensor:
+        mean = self.mean.to(torch.float32)
+        std = torch.sqrt(self.var.to(torch.float32) + self.eps)
+        return ((x.float() - mean) / std).clamp(-self.clip, self.clip)
