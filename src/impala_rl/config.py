@@ -193,6 +193,12 @@ class ModelConfig:
     """Normalize vector observations by their running mean and variance (clipped to +-10):
     updated by the learner from every training batch, kept in the model's state (actors,
     checkpoints, evaluation and ``load_policy`` use it). ``mlp`` encoder, plain envs."""
+    popart: bool = False
+    """PopArt value normalization: the value head learns normalized targets while its outputs
+    stay on the reward's scale (statistics of the V-trace targets, outputs preserved at each
+    update); policy-gradient advantages are divided by the same scale. Plain envs."""
+    popart_beta: float = 3.0e-4
+    """Step size of PopArt's running moments of the V-trace targets."""
 
 
 @dataclass
@@ -494,6 +500,7 @@ RULES: dict[str, Rule] = {
         nullable=True,
     ),
     "model.init": one_of(INITS),
+    "model.popart_beta": Rule(lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
     "runner.backend": one_of(BACKENDS),
     "runner.start_method": one_of(START_METHODS),
     "runner.max_actor_restarts": at_least(0, integer=True),

@@ -17,6 +17,7 @@ import torch
 from impala_rl import losses, vtrace
 from impala_rl.config import ImpalaAlgorithmConfig
 from impala_rl.nn import ActorCritic
+from impala_rl.nn.popart import PopArtValueHead
 from impala_rl.nn.structured import StructuredActorCritic
 
 SINGLE_KEY = 0
@@ -144,6 +145,8 @@ class Learner:
         self._policy_params = list(self.model.policy_parameters())
         self._critic_params = list(self.model.critic_parameters())
         self._structured = isinstance(model, StructuredActorCritic)
+        head = getattr(model, "value_head", None)
+        self._popart = head if isinstance(head, PopArtValueHead) else None
 
     def set_learning_rate(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -193,8 +196,16 @@ class Learner:
             clip_c_threshold=cfg.vtrace_clip_c_threshold,
             lambda_=cfg.vtrace_lambda,
         )
-        pg_loss = losses.policy_gradient_loss(target_log_prob, vt.pg_advantages)
-        value_loss = losses.baseline_loss(vt.vs, values)
+        pg_advantages, value_loss_scale = vt.pg_advantages, 1.0
+        popart = (
+            self.model.value_head if isinstance(self.model.value_head, PopArtValueHead) else None
+        )
+        if popart is not None:  # both losses on the normalized scale of the new statistics
+            popart_old = popart.update_statistics(vt.vs)
+            pg_advantages = pg_advantages / popart.sigma
+            value_loss_scale = popart.sigma.pow(-2)
+        pg_loss = losses.policy_gradient_loss(target_log_prob, pg_advantages)
+        value_loss = losses.baseline_loss(vt.vs, values) * value_loss_scale
         ent_loss = losses.entropy_loss(entropy)
         total = cfg.value_loss_coef * value_loss
         if train_policy:
@@ -208,6 +219,8 @@ class Learner:
 
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
+        if popart is not None:  # after the backward: the graph holds the old layer
+            popart.preserve_outputs(*popart_old)
         policy_grad_norm = _grad_norm(self._policy_params)
         critic_grad_norm = _grad_norm(self._critic_params)
         grad_norm = clip_gradients(self.model, cfg.max_grad_norm)

@@ -31,6 +31,7 @@ from impala_rl.nn.distributions import (
 from impala_rl.nn.encoders import make_encoder
 from impala_rl.nn.init import VALUE_HEAD
 from impala_rl.nn.normalization import RunningObsNorm
+from impala_rl.nn.popart import PopArtValueHead
 
 __all__ = ["PRECISIONS", "ActorCritic", "PolicyOutput"]
 
@@ -100,6 +101,7 @@ class ActorCritic(nn.Module):
         actor_hidden_sizes: Sequence[int] | None = None,
         critic_hidden_sizes: Sequence[int] | None = None,
         normalize_obs: bool = False,
+        popart_beta: float | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(observation_space, gymnasium.spaces.Box):
@@ -144,10 +146,15 @@ class ActorCritic(nn.Module):
         if self.value_torso is not None:
             value_in = self.value_torso.out_features + self.extra_features
         self.action_head: ActionHead = make_action_head(action_space, features)
-        self.value_head = nn.Linear(value_in, 1)
-        nn.init.orthogonal_(self.value_head.weight, gain=1.0)
-        nn.init.zeros_(self.value_head.bias)
-        setattr(self.value_head, VALUE_HEAD, True)
+        self.value_head: nn.Linear | PopArtValueHead
+        if popart_beta is None:
+            self.value_head = out = nn.Linear(value_in, 1)
+        else:
+            self.value_head = PopArtValueHead(value_in, popart_beta)
+            out = self.value_head.linear
+        nn.init.orthogonal_(out.weight, gain=1.0)
+        nn.init.zeros_(out.bias)
+        setattr(out, VALUE_HEAD, True)
         if channels_last:
             for module in (self.policy_torso, self.value_torso):
                 if module is not None and hasattr(module, "use_channels_last"):

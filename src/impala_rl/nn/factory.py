@@ -32,6 +32,7 @@ def build_model(
             actor_hidden_sizes=model_cfg.actor_hidden_sizes,
             critic_hidden_sizes=model_cfg.critic_hidden_sizes,
             normalize_obs=model_cfg.normalize_obs,
+            popart_beta=model_cfg.popart_beta if model_cfg.popart else None,
         )
     except ValueError as exc:
         raise ConfigError(f"model (encoder={model_cfg.encoder!r}): {exc}") from None
@@ -52,6 +53,7 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
         "model.core": (model_cfg.core, "none"),
         "model.use_last_action_reward": (model_cfg.use_last_action_reward, False),
         "model.normalize_obs": (model_cfg.normalize_obs, False),
+        "model.popart": (model_cfg.popart, False),
     }
     for field, (value, valid) in unsupported.items():
         if value != valid:
