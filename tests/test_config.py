@@ -476,3 +476,8 @@ def test_choice_tuples_are_defined_once():
 def test_model_knobs_that_cannot_apply_are_refused_by_name(overrides, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_config("cartpole", overrides)
+
+
+def test_max_policy_lag_below_the_extra_passes_is_refused():
+    with pytest.raises(ConfigError, match=r"algorithm\.max_policy_lag.*num_passes - 1 = 2"):
+        load_config("cartpole", ["algorithm.num_passes=3", "algorithm.max_policy_lag=1"])

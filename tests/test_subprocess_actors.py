@@ -270,15 +270,17 @@ def test_max_policy_lag_drops_stale_rollouts(backend, max_policy_lag, broadcasts
         assert dropped > 0
 
 
-@pytest.mark.parametrize("max_policy_lag", [0, 1])
-def test_trainer_reports_policy_lag_within_max_policy_lag(tmp_path, max_policy_lag):
-    """The learner's own policy_lag statistics of a subprocess run respect the setting."""
+@pytest.mark.parametrize("max_policy_lag, num_passes", [(0, 1), (1, 1), (2, 3)])
+def test_trainer_reports_policy_lag_within_max_policy_lag(tmp_path, max_policy_lag, num_passes):
+    """The learner's own policy_lag statistics of a subprocess run respect the setting, on
+    every pass over a batch."""
     run_dir = tmp_path / "run"
     summary = impala_rl.train(
         "cartpole",
         [
             "runner.backend=subprocess",
             f"algorithm.max_policy_lag={max_policy_lag}",
+            f"algorithm.num_passes={num_passes}",
             "algorithm.epoch_length=4",
             "algorithm.rollout_evaluator.n_episodes=1",
             "max_env_steps=8192",

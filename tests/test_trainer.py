@@ -375,3 +375,43 @@ def test_observation_statistics_round_trip_through_checkpoints_and_load_policy(t
         ((obs.double() - data.mean(0)) / (data.var(0, unbiased=False) + 1e-8).sqrt()).float()
     )
     torch.testing.assert_close(policy.model.policy_torso(policy.model._check(obs)), expected)
+
+
+def test_num_passes_takes_that_many_optimizer_steps_per_batch(tmp_path):
+    seen: list[tuple[int, bool]] = []
+    rhos: list[float] = []
+    update = Learner.update
+
+    def recording_update(self, batch, train_policy=True, fresh=True):
+        seen.append((int(batch["policy_version"].min()), fresh))
+        stats = update(self, batch, train_policy=train_policy, fresh=fresh)
+        rhos.append(stats.vtrace_mean_rho[0])
+        return stats
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Learner, "update", recording_update)
+        trainer = Trainer(
+            load_config(
+                "cartpole",
+                [*FAST, "algorithm.num_passes=3", "algorithm.n_epochs=1", "target_return=null"],
+            ),
+            run_dir=tmp_path,
+        )
+        summary = trainer.train()
+    batches = trainer.cfg.algorithm.epoch_length
+    assert summary["updates"] == 3 * batches and len(seen) == 3 * batches
+    assert summary["env_steps"] == batches * STEPS_PER_UPDATE
+    assert [fresh for _, fresh in seen] == [True, False, False] * batches
+    # the sequential actors act with the newest weights: every batch is from the last pass
+    assert [version for version, _ in seen[::3]] == [3 * b for b in range(batches)]
+    state = trainer.learner.optimizer.state_dict()["state"]
+    assert all(int(s["step"]) == 3 * batches for s in state.values())
+    # V-trace's ratios are against the current weights: 1 on the first pass (on-policy), not
+    # on the later ones
+    assert all(r == pytest.approx(1.0, abs=1e-5) for r in rhos[::3])
+    assert all(abs(r - 1.0) > 1e-5 for n, r in enumerate(rhos) if n % 3)
+
+
+def test_num_passes_two_still_solves_cartpole(tmp_path):
+    summary = _train(tmp_path, "algorithm.num_passes=2", "max_env_steps=30000")
+    assert summary["stopped_because"] == "target_return", summary

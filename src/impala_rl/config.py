@@ -122,7 +122,12 @@ class ImpalaAlgorithmConfig:
     reward_clipping: str = "none"
     """``none``, ``abs_one`` (clip to [-1, 1]) or ``soft_asymmetric`` (the paper's tanh clip)."""
     max_policy_lag: int | None = None
-    """Drop rollouts more than this many updates behind the learner (``null``: keep all)."""
+    """Drop rollouts more than this many updates behind the learner (``null``: keep all); with
+    ``num_passes`` > 1 the bound holds for every pass (at least ``num_passes - 1``)."""
+    num_passes: int = 1
+    """Optimizer steps per batch (sample reuse): each pass recomputes V-trace's importance
+    weights against the current weights, which corrects the added off-policyness, and is
+    broadcast to the actors."""
     rollout_evaluator: RolloutEvaluatorConfig = field(default_factory=RolloutEvaluatorConfig)
     """Evaluation after every epoch."""
 
@@ -474,6 +479,7 @@ RULES: dict[str, Rule] = {
     "algorithm.vtrace_lambda": unit_interval(),
     "algorithm.reward_clipping": one_of(REWARD_CLIPPING_MODES),
     "algorithm.max_policy_lag": at_least(0, integer=True, nullable=True),
+    "algorithm.num_passes": at_least(1, integer=True),
     "algorithm.critic_burn_in_epochs": at_least(0, integer=True),
     "algorithm.rollout_evaluator.n_episodes": at_least(1, integer=True),
     "algorithm.rollout_evaluator.max_episode_steps": at_least(1, integer=True, nullable=True),
@@ -539,6 +545,12 @@ def max_waiting_rollouts(a: ImpalaAlgorithmConfig) -> int:
     return math.ceil(factor * a.actors_batch_size)
 
 
+def handout_lag_bound(a: ImpalaAlgorithmConfig) -> int | None:
+    """The policy lag a rollout may have when its batch is handed out, so that every pass over
+    the batch stays within ``max_policy_lag`` (``None``: no bound)."""
+    return None if a.max_policy_lag is None else a.max_policy_lag - (a.num_passes - 1)
+
+
 def check_queue_out_of_sync_factor(a: ImpalaAlgorithmConfig) -> None:
     """Refuse a factor whose queue holds fewer rollouts than one batch (no batch ever forms)."""
     factor, batch = a.queue_out_of_sync_factor, a.actors_batch_size
@@ -569,6 +581,13 @@ def validate(cfg: RunConfig) -> None:
             )
     a = cfg.algorithm
     check_queue_out_of_sync_factor(a)
+    if a.max_policy_lag is not None and a.max_policy_lag < a.num_passes - 1:
+        _refuse(
+            "algorithm.max_policy_lag",
+            f"null or an integer >= num_passes - 1 = {a.num_passes - 1} (pass n of a batch "
+            "sees n more updates than its first)",
+            a.max_policy_lag,
+        )
     if a.lr_schedule == "linear" and a.lr_decay_env_steps is None and cfg.max_env_steps is None:
         _refuse(
             "algorithm.lr_decay_env_steps",

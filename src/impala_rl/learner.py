@@ -156,10 +156,14 @@ class Learner:
     def learning_rate(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def update(self, batch: dict[str, torch.Tensor], train_policy: bool = True) -> UpdateStats:
+    def update(
+        self, batch: dict[str, torch.Tensor], train_policy: bool = True, fresh: bool = True
+    ) -> UpdateStats:
         """One optimizer step on ``batch`` (a slot dict, ``[T+1, B]`` / ``[T, B]``, on device).
 
         ``train_policy=False`` is critic burn-in: only the baseline loss is minimised.
+        ``fresh=False``: a further pass over the same batch (its observations are already in
+        the normalization statistics).
         """
         if self._structured:
             return self._update_structured(batch, train_policy)
@@ -168,7 +172,7 @@ class Learner:
         obs = batch["obs"]
         if obs.is_floating_point() and not bool(torch.isfinite(obs).all()):
             raise NonFiniteError("observations contain NaN or Inf")
-        if self.model.obs_norm is not None:  # rows 0..T-1: row T opens the next unroll
+        if fresh and self.model.obs_norm is not None:  # rows 0..T-1: row T opens the next
             self.model.obs_norm.update(obs[:-1])
         self.model.train()
         out = self.model(obs, **model_inputs(self.model, batch))  # over [T+1, B]

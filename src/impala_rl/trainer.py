@@ -316,13 +316,24 @@ class Trainer:
         collected = actors.collect_outputs(self.device)
         t_collected = time.perf_counter()
         with self._one_step():
-            stats = self.learner.update(collected.batch, train_policy=train_policy)
-            actors.broadcast_updated_policy(self.learner.model.state_dict())
+            passes = []
+            # Sample reuse: each pass recomputes V-trace against the current weights, and each
+            # is broadcast, so versions (and policy lag) keep counting optimizer steps.
+            for n in range(cfg.algorithm.num_passes):
+                passes.append(
+                    self.learner.update(collected.batch, train_policy=train_policy, fresh=n == 0)
+                )
+                actors.broadcast_updated_policy(self.learner.model.state_dict())
             c.updates = self.learner.num_updates
             c.env_steps += collected.env_steps
             lr = scheduled_lr(cfg.algorithm, c.env_steps, cfg.max_env_steps)
             self.learner.set_learning_rate(lr)
         t_end = time.perf_counter()
+        for stats in passes[1:]:
+            self._record_learner(stats)
+        stats = passes[0]
+        if len(passes) > 1:  # the update's time is every pass's
+            stats.timings = {k: sum(p.timings[k] for p in passes) for k in stats.timings}
         self._record_update(stats, collected, t_collected - t0, t_end - t0)
         self.recent_returns.extend(actors.recent_returns_since_last_call())
         c.wall_time_s = time.perf_counter() - self._start_wall
@@ -368,6 +379,22 @@ class Trainer:
     def _record_update(
         self, stats: Any, collected: Any, collect_time: float, total_time: float
     ) -> None:
+        self._record_learner(stats)
+        ev = self.impala_events
+        ev.estimated_queue_sizes(collected.queue_size_before, collected.queue_size_after)
+        total = max(total_time, 1e-12)
+        t = stats.timings
+        waiting = max(0.0, collect_time - collected.dequeue_time)  # the two phases don't overlap
+        ev.time_collecting_actors(waiting, 100.0 * waiting / total)
+        ev.time_dequeuing_actors(collected.dequeue_time, 100.0 * collected.dequeue_time / total)
+        ev.time_learner_rollout(t["learner_rollout"], 100.0 * t["learner_rollout"] / total)
+        ev.time_loss_computation(t["loss_computation"], 100.0 * t["loss_computation"] / total)
+        ev.time_backprob(t["backprob"], 100.0 * t["backprob"] / total)
+        ev.time_update(total_time)
+        ev.dropped_stale_rollouts(collected.dropped_stale)
+
+    def _record_learner(self, stats: Any) -> None:
+        """One optimizer step's events (one per pass over a batch)."""
         ev = self.impala_events
         for key, value in stats.policy_loss.items():
             ev.policy_loss(key, value)
@@ -379,22 +406,11 @@ class Trainer:
             ev.critic_value_loss(key, value)
             ev.critic_value(key, stats.critic_value[key])
             ev.critic_grad_norm(key, stats.critic_grad_norm[key])
-        ev.estimated_queue_sizes(collected.queue_size_before, collected.queue_size_after)
-        total = max(total_time, 1e-12)
-        t = stats.timings
-        waiting = max(0.0, collect_time - collected.dequeue_time)  # the two phases don't overlap
-        ev.time_collecting_actors(waiting, 100.0 * waiting / total)
-        ev.time_dequeuing_actors(collected.dequeue_time, 100.0 * collected.dequeue_time / total)
-        ev.time_learner_rollout(t["learner_rollout"], 100.0 * t["learner_rollout"] / total)
-        ev.time_loss_computation(t["loss_computation"], 100.0 * t["loss_computation"] / total)
-        ev.time_backprob(t["backprob"], 100.0 * t["backprob"] / total)
-        ev.time_update(total_time)
         ev.total_loss(stats.total_loss)
         ev.grad_norm(stats.grad_norm)
         ev.learning_rate(stats.learning_rate)
         for lag in stats.policy_lag:
             ev.policy_lag(lag)
-        ev.dropped_stale_rollouts(collected.dropped_stale)
         if stats.padding_share is not None:
             ev.padding_share(stats.padding_share)
 

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
-from impala_rl.config import ConfigError, max_waiting_rollouts
+from impala_rl.config import ConfigError, handout_lag_bound, max_waiting_rollouts
 from impala_rl.rollout import RolloutSpec, UnrollResult, make_actor_loop, rollout_spec_for
 
 INSTALL_HINT = "pip install 'impala-rl[ray]'"
@@ -425,7 +425,7 @@ class RayDistributedActors(DistributedActors):
 
     # -- the learner's side -----------------------------------------------------------------------
     def _drop_stale(self) -> None:
-        lag_bound = self.cfg.max_policy_lag
+        lag_bound = handout_lag_bound(self.cfg)
         if lag_bound is None:
             return
         for actor in self.actors:

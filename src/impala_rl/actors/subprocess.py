@@ -46,7 +46,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
-from impala_rl.config import max_waiting_rollouts
+from impala_rl.config import handout_lag_bound, max_waiting_rollouts
 from impala_rl.rollout import RolloutSpec, UnrollResult, column_block, make_actor_loop
 
 POLL_S = 0.05
@@ -472,7 +472,7 @@ class SubprocessDistributedActors(DistributedActors):
 
     def _drop_stale(self, handout_version: int) -> None:
         """Drop full slots more than ``max_policy_lag`` behind ``handout_version``."""
-        lag_bound = self.cfg.max_policy_lag
+        lag_bound = handout_lag_bound(self.cfg)
         if lag_bound is None:
             return
 
@@ -537,7 +537,7 @@ class SubprocessDistributedActors(DistributedActors):
                     continue  # stale slots were dropped: wait for fresh ones
                 out, oldest, results = self._batches.popleft()
                 self._lock.notify_all()
-                lag_bound = self.cfg.max_policy_lag
+                lag_bound = handout_lag_bound(self.cfg)
                 if lag_bound is not None and self.policy_version - oldest > lag_bound:
                     self._dropped[:0] = results  # prefetched before several broadcasts: stale
                     continue
