@@ -196,3 +196,21 @@ def test_tictactoe_columns_are_not_padded(opponent):
         slot = spec.allocate()
         loop.unroll(slot)
         assert learner.update(slot).padding_share == 0.0
+
+
+def test_load_policy_acts_per_step_key_with_legal_moves(tmp_path):
+    impala_rl.train("tictactoe", [*FAST, "max_env_steps=2048"], run_dir=tmp_path)
+    policy = load_policy(tmp_path, which="last")
+    env = make_aec_env(opponent="random")
+    for game in range(5):
+        obs, _ = env.reset(seed=game)
+        done = False
+        while not done:
+            key = env.actor_id().step_key
+            move = policy.act(obs, step_key=key)
+            assert obs["action_mask"][move] == 1
+            assert move == policy.act(obs)  # one step key: it may be left out
+            obs, _, terminated, truncated, _ = env.step(move)
+            done = terminated or truncated
+    with pytest.raises(ValueError, match=r"step_key=7 is not one of \[0\]"):
+        policy.act(obs, step_key=7)

@@ -562,7 +562,9 @@ class Policy:
     A recurrent policy (``model.core=lstm``) or one that reads the last action and reward
     keeps that state between calls: call :meth:`reset` when an episode starts (all of a
     batch's columns together; a change of batch size also resets), and pass the previous
-    step's reward as ``last_reward`` when the model reads it.
+    step's reward as ``last_reward`` when the model reads it. On a structured env the policy
+    acts per step key: pass the acting agent's observation as the env returns it and
+    ``step_key=env.actor_id().step_key``.
     """
 
     def __init__(self, model: ActorCritic, env_factory: EnvFactory, cfg: RunConfig):
@@ -572,23 +574,34 @@ class Policy:
         self.env_factory = env_factory
         self.config = cfg
         from impala_rl.envs.factory import ModelObservation
+        from impala_rl.envs.structured import KeyObservation
 
         env = env_factory()
+        self._key_observations = (
+            {k: KeyObservation(s, k) for k, s in env.observation_spaces.items()}
+            if is_structured(env)
+            else None
+        )
         wrapped = isinstance(env, ModelObservation)
         self._raw_space = env.env.observation_space if wrapped else env.observation_space
         self._to_model = env.observation if wrapped else (lambda obs: obs)
         env.close()
 
     @torch.no_grad()
-    def act(self, obs: Any, deterministic: bool = True, last_reward: Any = None) -> Any:
+    def act(
+        self,
+        obs: Any,
+        deterministic: bool = True,
+        last_reward: Any = None,
+        step_key: int | None = None,
+    ) -> Any:
         """Action for one observation as the env returns it, or for a batch ``[N, *obs]`` of
         model-form observations; returned in the env's action format. ``last_reward`` (a
-        number or ``[N]``) is the reward of the previous step, for models that read it."""
-        if not isinstance(self.model, ActorCritic):
-            raise TypeError(
-                "Policy.act serves plain Gymnasium envs; for a structured env use "
-                "policy.model.policy(step_key, obs, action_mask)"
-            )
+        number or ``[N]``) is the reward of the previous step, for models that read it.
+        ``step_key``: the sub-step whose policy acts (structured envs; one observation, its
+        ``action_mask`` respected)."""
+        if self._key_observations is not None:
+            return self._act_step_key(obs, deterministic, step_key)
         if self._raw_space.contains(obs) if not isinstance(obs, torch.Tensor) else False:
             x = torch.as_tensor(np.asarray(self._to_model(obs))).unsqueeze(0)
             batched = False
@@ -606,6 +619,27 @@ class Policy:
             self._last_action = action
         env_action = self.model.action_head.to_env(action)
         return env_action if batched else env_action[0]
+
+    def _act_step_key(self, obs: Any, deterministic: bool, step_key: int | None) -> Any:
+        keys = self._key_observations
+        assert keys is not None
+        if step_key is None:
+            if len(keys) != 1:
+                raise ValueError(
+                    f"this structured env has step keys {sorted(keys)}: pass "
+                    "step_key=env.actor_id().step_key"
+                )
+            step_key = next(iter(keys))
+        if step_key not in keys:
+            raise ValueError(f"step_key={step_key!r} is not one of {sorted(keys)}")
+        x, mask = keys[step_key](obs)
+        dist = self.model.policy(
+            step_key,
+            torch.as_tensor(x).unsqueeze(0),
+            None if mask is None else torch.as_tensor(mask).unsqueeze(0),
+        )
+        action = dist.mode() if deterministic else dist.sample()
+        return self.model.action_head(step_key).to_env(action)[0]
 
     def reset(self) -> None:
         """Start new episodes: zero core state, last action and last reward."""
