@@ -16,7 +16,8 @@ it again. At the end the run is stopped with SIGINT, and
 - resident memory (RSS) of the trainer and of the actors, 60 s into each trainer segment and
   just before it ends (growth per segment: <= 5% is the target);
 - processes left over in any session the soak started, and project files left in /dev/shm (0);
-- the final policy's evaluation against an uninterrupted run trained to the same env steps.
+- the final policy's evaluation against an uninterrupted run trained to the same env steps
+  (afterwards, or with ``--baseline-alongside`` at the same time, to the same budget).
 
     PYTHONPATH=src python benchmarks/soak.py                          # 30 min, subprocess
     PYTHONPATH=src python benchmarks/soak.py --backend ray --minutes 10
@@ -173,6 +174,12 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=20)
     parser.add_argument("--run-dir", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--baseline-alongside",
+        action="store_true",
+        help="train the uninterrupted run at the same time (needs a max_env_steps override "
+        "that ends the soak before --minutes)",
+    )
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -194,6 +201,15 @@ def main() -> None:
     actor_kills = 0
     leftovers: list[int] = []
     command = ["train", args.preset, "--run-dir", str(run_dir), *settings]
+    baseline_dir = run_dir.parent / f"{run_dir.name}-uninterrupted"
+    baseline = None
+    if args.baseline_alongside:
+        baseline = subprocess.Popen(
+            [sys.executable, "-m", "impala_rl.cli", "train", args.preset, "--run-dir"]
+            + [str(baseline_dir), *settings],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     while True:
         proc = start(command, log)
         seg_start = time.monotonic()
@@ -253,23 +269,29 @@ def main() -> None:
         if line.strip()
     ]
     env_steps = checkpoint.load(run_dir / "checkpoints" / "last.pt")["counters"]["env_steps"]
-    baseline_dir = run_dir.parent / f"{run_dir.name}-uninterrupted"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "impala_rl.cli",
-            "train",
-            args.preset,
-            "--run-dir",
-            str(baseline_dir),
-            *settings,
-            f"max_env_steps={env_steps}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        check=True,
-    )
+    if baseline is not None:
+        if not budget_done:
+            baseline.kill()
+            raise SystemExit("--baseline-alongside: the soak ended before its max_env_steps")
+        if baseline.wait() != 0:
+            raise SystemExit(f"the uninterrupted run failed ({baseline.returncode})")
+    else:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "impala_rl.cli",
+                "train",
+                args.preset,
+                "--run-dir",
+                str(baseline_dir),
+                *settings,
+                f"max_env_steps={env_steps}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+        )
     growth = [
         round(100 * (s["memory_end"][k] / s["memory_start"][k] - 1), 1)
         for s in segments
@@ -294,6 +316,9 @@ def main() -> None:
         "processes_left": len(leftovers),
         "shm_files_left": len(shm_files() - shm_before),
         "final_eval_mean_return": evaluate(run_dir, "last", args.eval_episodes),
+        "uninterrupted_env_steps": checkpoint.load(baseline_dir / "checkpoints" / "last.pt")[
+            "counters"
+        ]["env_steps"],
         "uninterrupted_eval_mean_return": evaluate(baseline_dir, "last", args.eval_episodes),
     }
     (run_dir / "soak.json").write_text(json.dumps(report, indent=2) + "\n")
