@@ -359,7 +359,7 @@ def test_example_env_needs_the_next_decisions_value_credited_to_the_item(tmp_pat
     assert summary["best_eval_return"] < 2.0
 
 
-def test_trained_structured_policy_loads_and_act_names_the_alternative(tmp_path):
+def test_trained_structured_policy_loads_and_acts_per_step_key(tmp_path):
     impala_rl.train(
         "multistep_example",
         [*FAST, "algorithm.n_epochs=1", "algorithm.epoch_length=2", "target_return=null"],
@@ -367,9 +367,20 @@ def test_trained_structured_policy_loads_and_act_names_the_alternative(tmp_path)
     )
     policy = load_policy(tmp_path)
     assert isinstance(policy.model, StructuredActorCritic)
-    assert policy.model.policy(1, torch.zeros(2, 5)).mode().shape == (2,)
-    with pytest.raises(TypeError, match="policy.model.policy\\(step_key"):
-        policy.act(np.zeros(7, dtype=np.float32))
+    env = policy.env_factory()
+    obs, _ = env.reset(seed=0)
+    keys_seen = set()
+    for _ in range(6):
+        key = env.actor_id().step_key
+        keys_seen.add(key)
+        action = policy.act(obs, step_key=key)
+        assert env.action_spaces[key].contains(action)
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            obs, _ = env.reset()
+    assert keys_seen == {0, 1}
+    with pytest.raises(ValueError, match=r"step keys \[0, 1\]: pass step_key="):
+        policy.act(obs)
 
 
 def test_categorical_action_mask_gives_illegal_actions_zero_probability():
