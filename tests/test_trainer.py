@@ -219,9 +219,9 @@ def test_resume_continues_counters_and_lr_schedule(tmp_path, monkeypatch):
     used_lr: list[float] = []
     update = Learner.update
 
-    def recording_update(self, batch, train_policy=True):
+    def recording_update(self, batch, train_policy=True, fresh=True):
         used_lr.append(self.learning_rate)
-        return update(self, batch, train_policy=train_policy)
+        return update(self, batch, train_policy=train_policy, fresh=fresh)
 
     monkeypatch.setattr(Learner, "update", recording_update)
     schedule = [
@@ -356,9 +356,9 @@ def test_observation_statistics_round_trip_through_checkpoints_and_load_policy(t
     seen: list[torch.Tensor] = []
     update = Learner.update
 
-    def recording_update(self, batch, train_policy=True):
+    def recording_update(self, batch, train_policy=True, fresh=True):
         seen.append(batch["obs"][:-1].reshape(-1, 4).double().clone())
-        return update(self, batch, train_policy=train_policy)
+        return update(self, batch, train_policy=train_policy, fresh=fresh)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Learner, "update", recording_update)
