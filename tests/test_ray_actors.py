@@ -128,10 +128,19 @@ def kill_session(session: int) -> None:
             pass
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and not handed out before in this test run: the OS may give the same
+    just-released port twice, and two Ray components on one port fail to start."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 # ---------------------------------------------------------------------------------------------
