@@ -20,9 +20,6 @@ from impala_rl.nn import ActorCritic
 from impala_rl.nn.popart import PopArtValueHead
 from impala_rl.nn.structured import StructuredActorCritic
 
-SINGLE_KEY = 0
-
-
 class NonFiniteError(FloatingPointError):
     """A NaN or Inf in the observations, the loss or the gradients: training cannot go on."""
 
@@ -128,6 +125,47 @@ def model_inputs(model: ActorCritic, batch: dict[str, torch.Tensor]) -> dict[str
     return inputs
 
 
+@dataclass
+class TargetOutputs:
+    """The learner's policy and critic on every row of a batch, each ``[T+1, B]``."""
+
+    log_prob: torch.Tensor  # log pi(a_t | x_t) of the batch's action; row T has no action
+    entropy: torch.Tensor
+    value: torch.Tensor  # V(x_t); row T is the bootstrap value
+
+
+def forward_batch(
+    model: ActorCritic | StructuredActorCritic, batch: dict[str, torch.Tensor]
+) -> TargetOutputs:
+    """The learner's forward pass: one call over the batch when there is one step key (a plain
+    env, :class:`~impala_rl.rollout.RolloutSpec`), else one call per step key over the rows
+    where that key decides (:class:`~impala_rl.rollout.StructuredRolloutSpec`)."""
+    if isinstance(model, ActorCritic):
+        out = model(batch["obs"], **model_inputs(model, batch))
+        action = batch["action"]
+        padded = torch.cat([action, action[-1:]], dim=0)  # row T's action is never read
+        return TargetOutputs(out.dist.log_prob(padded), out.dist.entropy(), out.value)
+    step_key = batch["step_key"]
+    log_prob = torch.zeros(step_key.shape, device=step_key.device)
+    entropy, value = torch.zeros_like(log_prob), torch.zeros_like(log_prob)
+    for k in model.step_keys:
+        rows = (step_key == k).nonzero(as_tuple=True)
+        if rows[0].numel() == 0:
+            continue
+        obs = batch[f"obs_{k}"][rows]
+        mask = batch[f"action_mask_{k}"][rows] if f"action_mask_{k}" in batch else None
+        dist = model.policy(k, obs, mask)
+        log_prob = log_prob.index_put(rows, dist.log_prob(batch[f"action_{k}"][rows]))
+        entropy = entropy.index_put(rows, dist.entropy())
+        value = value.index_put(rows, model.value(k, obs))
+    return TargetOutputs(log_prob, entropy, value)
+
+
+def _rows(x: torch.Tensor, selection: torch.Tensor | None) -> torch.Tensor:
+    """The entries of ``x [T, B]`` that ``selection [T, B]`` picks; all of them for ``None``."""
+    return x if selection is None else x[selection]
+
+
 class Learner:
     """Owns the trainable model and its optimizer; ``update`` runs one step on a batch."""
 
@@ -142,9 +180,8 @@ class Learner:
         self.cfg = cfg
         self.optimizer = make_optimizer(self.model, cfg)
         self.num_updates = 0
-        self._policy_params = list(self.model.policy_parameters())
-        self._critic_params = list(self.model.critic_parameters())
-        self._structured = isinstance(model, StructuredActorCritic)
+        self._policy_params = {k: model.policy_parameters(k) for k in model.step_keys}
+        self._critic_params = {c: model.critic_parameters(c) for c in model.critic_keys}
         head = getattr(model, "value_head", None)
         self._popart = head if isinstance(head, PopArtValueHead) else None
 
@@ -161,34 +198,46 @@ class Learner:
     ) -> UpdateStats:
         """One optimizer step on ``batch`` (a slot dict, ``[T+1, B]`` / ``[T, B]``, on device).
 
+        Columns are agents' decision streams: a plain env's column is one env's steps, a
+        structured env's one agent's decisions, with a ``valid`` mask where a column has fewer
+        than ``T`` decisions. One policy loss per step key and one value loss per critic, each
+        a mean over that key's (or critic's) valid rows.
+
         ``train_policy=False`` is critic burn-in: only the baseline loss is minimised.
         ``fresh=False``: a further pass over the same batch (its observations are already in
         the normalization statistics).
         """
-        if self._structured:
-            return self._update_structured(batch, train_policy)
-        cfg = self.cfg
+        cfg, model = self.cfg, self.model
         t0 = time.perf_counter()
-        obs = batch["obs"]
-        if obs.is_floating_point() and not bool(torch.isfinite(obs).all()):
-            raise NonFiniteError("observations contain NaN or Inf")
-        if fresh and self.model.obs_norm is not None:  # rows 0..T-1: row T opens the next
-            self.model.obs_norm.update(obs[:-1])
-        self.model.train()
-        out = self.model(obs, **model_inputs(self.model, batch))  # over [T+1, B]
-        action = batch["action"]
-        padded = torch.cat([action, action[-1:]], dim=0)
-        target_log_prob = out.dist.log_prob(padded)[:-1]
-        entropy = out.dist.entropy()[:-1]
-        values = out.value[:-1]
-        bootstrap_value = out.value[-1].detach()
+        for name, obs in batch.items():
+            if name.startswith("obs") and obs.is_floating_point():
+                if not bool(torch.isfinite(obs).all()):
+                    raise NonFiniteError(f"observations ({name}) contain NaN or Inf")
+        obs_norm = getattr(model, "obs_norm", None)
+        if fresh and obs_norm is not None:  # rows 0..T-1: row T opens the next unroll
+            obs_norm.update(batch["obs"][:-1])
+        model.train()
+        out = forward_batch(model, batch)
+        target_log_prob, entropy = out.log_prob[:-1], out.entropy[:-1]  # [T, B]
+        values, bootstrap_value = out.value[:-1], out.value[-1].detach()
         t1 = time.perf_counter()
 
-        terminated, truncated = batch["terminated"], batch["truncated"]
+        # V-trace over the columns. A row that does not bootstrap from the next gets discount
+        # 0: an episode's end, a structured column's padding. A truncated plain step instead
+        # bootstraps from its final observation (the actor stored gamma * V(x_final) in the
+        # reward); a structured column stores that observation as its next row.
         rewards = losses.clip_rewards(batch["reward"], cfg.reward_clipping)
-        rewards = rewards + cfg.gamma * truncated.float() * batch["truncation_value"]
-        discounts = cfg.gamma * (~(terminated | truncated)).float()
+        if "truncated" in batch:
+            truncated = batch["truncated"]
+            rewards = rewards + cfg.gamma * truncated.float() * batch["truncation_value"]
+            ends = batch["terminated"] | truncated
+        else:
+            ends = batch["terminal"]
+        discounts = cfg.gamma * (~ends).float()
         log_rhos = target_log_prob.detach() - batch["behaviour_log_prob"]
+        valid = batch.get("valid")  # [T, B]; None: every row is a decision
+        if valid is not None:  # rho = c = 0 off the decisions: there vs = V
+            log_rhos = torch.where(valid, log_rhos, torch.full_like(log_rhos, float("-inf")))
         vt = vtrace.from_importance_weights(
             log_rhos,
             discounts,
@@ -201,23 +250,45 @@ class Learner:
             lambda_=cfg.vtrace_lambda,
         )
         pg_advantages, value_loss_scale = vt.pg_advantages, 1.0
-        popart = (
-            self.model.value_head if isinstance(self.model.value_head, PopArtValueHead) else None
-        )
+        popart = self._popart
         if popart is not None:  # both losses on the normalized scale of the new statistics
             popart_old = popart.update_statistics(vt.vs)
             pg_advantages = pg_advantages / popart.sigma
             value_loss_scale = popart.sigma.pow(-2)
-        pg_loss = losses.policy_gradient_loss(target_log_prob, pg_advantages)
-        value_loss = losses.baseline_loss(vt.vs, values) * value_loss_scale
-        ent_loss = losses.entropy_loss(entropy)
-        total = cfg.value_loss_coef * value_loss
+
+        # The losses, per step key and per critic, over their valid rows.
+        keys = batch["step_key"][:-1] if "step_key" in batch else None
+        rows_of: dict[int, torch.Tensor | None] = {}
+        for k in model.step_keys:
+            rows_of[k] = valid if keys is None else valid & (keys == k)
+        pg_loss, ent_loss, value_loss = {}, {}, {}
+        for k, rows in rows_of.items():
+            if rows is None or bool(rows.any()):
+                pg_loss[k] = losses.policy_gradient_loss(
+                    _rows(target_log_prob, rows), _rows(pg_advantages, rows)
+                )
+                ent_loss[k] = losses.entropy_loss(_rows(entropy, rows))
+        critic_rows: dict[int, torch.Tensor | None] = {}
+        for c in model.critic_keys:
+            of_c = [rows_of[k] for k in model.step_keys if model.critic_key(k) == c]
+            critic_rows[c] = None if None in of_c else torch.stack(of_c).any(dim=0)
+            rows = critic_rows[c]
+            if rows is None or bool(rows.any()):
+                value_loss[c] = value_loss_scale * losses.baseline_loss(
+                    _rows(vt.vs, rows), _rows(values, rows)
+                )
+        total = 0.0 * values.sum() if not value_loss else 0.0  # in the graph when no rows
+        for c in value_loss:
+            total = total + cfg.value_loss_coef * value_loss[c]
         if train_policy:
-            total = total + cfg.policy_loss_coef * pg_loss + cfg.entropy_coef * ent_loss
+            for k in pg_loss:
+                total = total + cfg.policy_loss_coef * pg_loss[k] + cfg.entropy_coef * ent_loss[k]
         if not bool(torch.isfinite(total)):
             raise NonFiniteError(
-                f"loss is not finite (policy {pg_loss.item()}, value {value_loss.item()}, "
-                f"entropy {ent_loss.item()}); lower algorithm.lr or check the env's rewards"
+                f"loss is not finite (policy {[float(x) for x in pg_loss.values()]}, value "
+                f"{[float(x) for x in value_loss.values()]}, entropy "
+                f"{[float(x) for x in ent_loss.values()]}); lower algorithm.lr or check the "
+                "env's rewards"
             )
         t2 = time.perf_counter()
 
@@ -225,158 +296,35 @@ class Learner:
         total.backward()
         if popart is not None:  # after the backward: the graph holds the old layer
             popart.preserve_outputs(*popart_old)
-        policy_grad_norm = _grad_norm(self._policy_params)
-        critic_grad_norm = _grad_norm(self._critic_params)
-        grad_norm = clip_gradients(self.model, cfg.max_grad_norm)
+        policy_grad_norm = {k: _grad_norm(self._policy_params[k]) for k in pg_loss}
+        critic_grad_norm = {c: _grad_norm(self._critic_params[c]) for c in value_loss}
+        grad_norm = clip_gradients(model, cfg.max_grad_norm)
         self.optimizer.step()
         self.num_updates += 1
         t3 = time.perf_counter()
 
-        lag = (self.num_updates - 1 - batch["policy_version"]).tolist()
-        rhos = vt.rhos
         rho_bar = cfg.vtrace_clip_rho_threshold
+        rhos = {k: _rows(vt.rhos, rows_of[k]) for k in pg_loss}
         # a relative tolerance keeps float noise of on-policy ratios (1 + 1e-7) from counting
-        clipped = float((rhos > rho_bar * (1 + 1e-5)).float().mean()) if rho_bar else 0.0
-        k = SINGLE_KEY
+        clipped = {
+            k: float((r > rho_bar * (1 + 1e-5)).float().mean()) if rho_bar else 0.0
+            for k, r in rhos.items()
+        }
         return UpdateStats(
             total_loss=float(total.detach()),
-            policy_loss={k: float(pg_loss.detach())},
-            policy_entropy={k: float(entropy.detach().mean())},
-            policy_grad_norm={k: policy_grad_norm},
-            critic_value_loss={k: float(value_loss.detach())},
-            critic_value={k: float(values.detach().mean())},
-            critic_grad_norm={k: critic_grad_norm},
+            policy_loss={k: float(x.detach()) for k, x in pg_loss.items()},
+            policy_entropy={k: float(-x.detach()) for k, x in ent_loss.items()},
+            policy_grad_norm=policy_grad_norm,
+            critic_value_loss={c: float(x.detach()) for c, x in value_loss.items()},
+            critic_value={
+                c: float(_rows(values.detach(), critic_rows[c]).mean()) for c in value_loss
+            },
+            critic_grad_norm=critic_grad_norm,
             grad_norm=grad_norm,
-            vtrace_mean_rho={k: float(rhos.mean())},
-            vtrace_clipped_fraction={k: clipped},
-            policy_lag=lag,
-            learning_rate=self.learning_rate,
-            timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},
-        )
-
-    def _update_structured(self, batch: dict[str, torch.Tensor], train_policy: bool) -> UpdateStats:
-        """One step on a structured batch (:class:`~impala_rl.rollout.StructuredRolloutSpec`).
-
-        Columns are agents' decision streams, so V-trace runs over the columns as in
-        :meth:`update`, with the ``valid`` mask; one policy loss per step key, one value loss
-        per critic, each a mean over the valid rows of that key or critic.
-        """
-        cfg = self.cfg
-        model: StructuredActorCritic = self.model  # type: ignore[assignment]
-        t0 = time.perf_counter()
-        step_key = batch["step_key"]  # [T+1, B]
-        T1, B = step_key.shape
-        for k in model.step_keys:
-            obs = batch[f"obs_{k}"]
-            if obs.is_floating_point() and not bool(torch.isfinite(obs).all()):
-                raise NonFiniteError(f"observations of step key {k} contain NaN or Inf")
-        self.model.train()
-        device = step_key.device
-        # forward once per step key over the rows where it decides
-        target_log_prob = torch.zeros(T1, B, device=device)
-        values = torch.zeros(T1, B, device=device)
-        entropy = torch.zeros(T1, B, device=device)
-        for k in model.step_keys:
-            tt, bb = (step_key == k).nonzero(as_tuple=True)
-            if tt.numel() == 0:
-                continue
-            obs = batch[f"obs_{k}"][tt, bb]
-            mask_name = f"action_mask_{k}"
-            mask = batch[mask_name][tt, bb] if mask_name in batch else None
-            dist = model.policy(k, obs, mask)
-            action = batch[f"action_{k}"][tt, bb]
-            target_log_prob = target_log_prob.index_put((tt, bb), dist.log_prob(action))
-            entropy = entropy.index_put((tt, bb), dist.entropy())
-            values = values.index_put((tt, bb), model.value(k, obs))
-        t1 = time.perf_counter()
-
-        valid = batch["valid"]  # [T, B]: decisions with a closed segment
-        rewards = losses.clip_rewards(batch["reward"], cfg.reward_clipping)
-        discounts = cfg.gamma * (~batch["terminal"]).float()
-        # rho = c = 0 off the valid rows: there vs = V, so the last decision of a column
-        # bootstraps from the value of the row after it (its latest decision point)
-        log_rhos = target_log_prob[:-1].detach() - batch["behaviour_log_prob"]
-        log_rhos = torch.where(valid, log_rhos, torch.full_like(log_rhos, float("-inf")))
-        vt = vtrace.from_importance_weights(
-            log_rhos,
-            discounts,
-            rewards,
-            values[:-1].detach(),
-            values[-1].detach(),
-            clip_rho_threshold=cfg.vtrace_clip_rho_threshold,
-            clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold,
-            clip_c_threshold=cfg.vtrace_clip_c_threshold,
-            lambda_=cfg.vtrace_lambda,
-        )
-        keys = step_key[:-1]
-        pg_loss: dict[int, torch.Tensor] = {}
-        ent_loss: dict[int, torch.Tensor] = {}
-        rho_mean: dict[int, float] = {}
-        clipped: dict[int, float] = {}
-        rho_bar = cfg.vtrace_clip_rho_threshold
-        for k in model.step_keys:
-            sel = valid & (keys == k)
-            if not bool(sel.any()):
-                continue
-            pg_loss[k] = losses.policy_gradient_loss(
-                target_log_prob[:-1][sel], vt.pg_advantages[sel]
-            )
-            ent_loss[k] = losses.entropy_loss(entropy[:-1][sel])
-            rhos = vt.rhos[sel]
-            rho_mean[k] = float(rhos.mean())
-            clipped[k] = float((rhos > rho_bar * (1 + 1e-5)).float().mean()) if rho_bar else 0.0
-        value_loss: dict[int, torch.Tensor] = {}
-        critic_values: dict[int, float] = {}
-        for c in model.critic_keys:
-            sel = torch.zeros_like(valid)
-            for k in model.step_keys:
-                if model.critic_key(k) == c:
-                    sel |= keys == k
-            sel &= valid
-            if bool(sel.any()):
-                value_loss[c] = losses.baseline_loss(vt.vs[sel], values[:-1][sel])
-                critic_values[c] = float(values[:-1].detach()[sel].mean())
-        total = 0.0 * values.sum()  # in the graph even for a batch without valid rows
-        for vl in value_loss.values():
-            total = total + cfg.value_loss_coef * vl
-        if train_policy:
-            for pg in pg_loss.values():
-                total = total + cfg.policy_loss_coef * pg
-            for el in ent_loss.values():
-                total = total + cfg.entropy_coef * el
-        if not bool(torch.isfinite(total)):
-            raise NonFiniteError(
-                f"loss is not finite (policy {[float(x) for x in pg_loss.values()]}, value "
-                f"{[float(x) for x in value_loss.values()]}); lower algorithm.lr or check the "
-                "env's rewards"
-            )
-        t2 = time.perf_counter()
-
-        self.optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        policy_grad_norm = {k: _grad_norm(model.policy_parameters(k)) for k in model.step_keys}
-        critic_grad_norm = {c: _grad_norm(model.critic_parameters(c)) for c in model.critic_keys}
-        grad_norm = clip_gradients(self.model, cfg.max_grad_norm)
-        self.optimizer.step()
-        self.num_updates += 1
-        t3 = time.perf_counter()
-
-        lag = (self.num_updates - 1 - batch["policy_version"]).tolist()
-        keys_seen = sorted(pg_loss)
-        critics = sorted(value_loss)
-        return UpdateStats(
-            total_loss=float(total.detach()),
-            policy_loss={k: float(pg_loss[k].detach()) for k in keys_seen},
-            policy_entropy={k: float(-ent_loss[k].detach()) for k in keys_seen},
-            policy_grad_norm={k: policy_grad_norm[k] for k in keys_seen},
-            critic_value_loss={c: float(value_loss[c].detach()) for c in critics},
-            critic_value=critic_values,
-            critic_grad_norm={c: critic_grad_norm[c] for c in critics},
-            grad_norm=grad_norm,
-            vtrace_mean_rho={k: rho_mean[k] for k in keys_seen},
-            vtrace_clipped_fraction={k: clipped[k] for k in keys_seen},
-            padding_share=1.0 - float(valid.float().mean()),
-            policy_lag=lag,
+            vtrace_mean_rho={k: float(r.mean()) for k, r in rhos.items()},
+            vtrace_clipped_fraction=clipped,
+            padding_share=None if valid is None else 1.0 - float(valid.float().mean()),
+            policy_lag=(self.num_updates - 1 - batch["policy_version"]).tolist(),
             learning_rate=self.learning_rate,
             timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},
         )

@@ -338,13 +338,23 @@ class ActorCritic(nn.Module):
         )
         return self.value_head(value_features[0]).squeeze(-1)
 
-    def policy_parameters(self) -> list[nn.Parameter]:
-        """Parameters the policy loss trains (the shared torso and the core included)."""
+    # -- step keys: a plain env is one agent with the single step key 0 and critic 0 -----------
+    step_keys: tuple[int, ...] = (0,)
+    critic_keys: tuple[int, ...] = (0,)
+
+    def critic_key(self, step_key: int) -> int:
+        """The critic that values step key ``step_key``'s observations: the only one."""
+        return 0
+
+    def policy_parameters(self, step_key: int | None = None) -> list[nn.Parameter]:
+        """Parameters the policy loss trains (the shared torso and the core included); the one
+        step key's for ``step_key`` 0 or ``None``."""
         core = [] if self.core is None else list(self.core.parameters())
         return [*self.policy_torso.parameters(), *core, *self.action_head.parameters()]
 
-    def critic_parameters(self) -> list[nn.Parameter]:
-        """Parameters the value loss trains (the shared torso and the core included)."""
+    def critic_parameters(self, critic_key: int | None = None) -> list[nn.Parameter]:
+        """Parameters the value loss trains (the shared torso and the core included); the one
+        critic's for ``critic_key`` 0 or ``None``."""
         torso = self.policy_torso if self.value_torso is None else self.value_torso
         core = [] if self.core is None else list(self.core.parameters())
         return [*torso.parameters(), *core, *self.value_head.parameters()]
