@@ -20,6 +20,7 @@ from impala_rl.nn import ActorCritic
 from impala_rl.nn.popart import PopArtValueHead
 from impala_rl.nn.structured import StructuredActorCritic
 
+
 class NonFiniteError(FloatingPointError):
     """A NaN or Inf in the observations, the loss or the gradients: training cannot go on."""
 
