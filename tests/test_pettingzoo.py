@@ -16,7 +16,7 @@ from impala_rl.envs import EnvFactory  # noqa: E402
 from impala_rl.envs.factory import EnvError  # noqa: E402
 from impala_rl.envs.pettingzoo import make_aec_env  # noqa: E402
 from impala_rl.envs.structured import StructuredVectorEnv  # noqa: E402
-from impala_rl.evaluation import evaluate_structured  # noqa: E402
+from impala_rl.evaluation import evaluate  # noqa: E402
 from impala_rl.learner import Learner  # noqa: E402
 from impala_rl.nn.factory import build_model_for_env  # noqa: E402
 from impala_rl.rollout import make_actor_loop, rollout_spec_for  # noqa: E402
@@ -32,7 +32,7 @@ def _win_rate(run_dir, n_games: int = 1000, seed: int = 12345) -> float:
     policy = load_policy(run_dir)
     env = policy.config.env
     factory = EnvFactory(env.id, {**env.kwargs, **env.eval_kwargs})
-    result = evaluate_structured(policy.model, factory, n_games, seed=seed)
+    result = evaluate(policy.model, factory, n_games, seed=seed)
     assert result.wins is not None and len(result.wins) == n_games
     return float(np.mean(result.wins))
 

@@ -111,8 +111,7 @@ def _eval(args: argparse.Namespace) -> int:
     import numpy as np
 
     from impala_rl.envs import EnvFactory
-    from impala_rl.evaluation import evaluate, evaluate_structured
-    from impala_rl.nn.structured import StructuredActorCritic
+    from impala_rl.evaluation import evaluate
     from impala_rl.trainer import load_policy
 
     if args.episodes < 1:
@@ -131,7 +130,6 @@ def _eval(args: argparse.Namespace) -> int:
     if args.render or args.video:
         kwargs["render_mode"] = "human" if args.render else "rgb_array"
     factory = EnvFactory(env_cfg.id, kwargs, env_cfg.max_episode_steps)
-    structured = isinstance(policy.model, StructuredActorCritic)
     recording = None
     if args.video:
         from impala_rl.envs.video import check_video_support, recording_factory
@@ -144,7 +142,7 @@ def _eval(args: argparse.Namespace) -> int:
     try:
         while len(returns) < args.episodes:
             video_now = recording is not None and not returns
-            result = (evaluate_structured if structured else evaluate)(
+            result = evaluate(
                 policy.model,
                 recording[0] if video_now else factory,  # type: ignore[index]
                 1 if video_now else min(n_parallel, args.episodes - len(returns)),

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from impala_rl.envs import make_vector_env
+from impala_rl.envs.structured import SingleKeyVectorEnv, StructuredVectorEnv
 from impala_rl.nn import ActorCritic
 from impala_rl.nn.structured import StructuredActorCritic
 
@@ -35,7 +36,7 @@ class EvaluationResult:
 
 @torch.no_grad()
 def evaluate(
-    model: ActorCritic,
+    model: ActorCritic | StructuredActorCritic,
     env_factory: Callable[[], gym.Env],
     n_episodes: int,
     deterministic: bool = True,
@@ -43,6 +44,12 @@ def evaluate(
     max_episode_steps: int | None = None,
 ) -> EvaluationResult:
     """Run ``n_episodes`` episodes in parallel (one per env), each to its end.
+
+    Every env is a structured one here (a plain env is one agent whose step key 0 decides at
+    every step): at each step the envs are grouped by the step key that decides next and each
+    key's policy acts on its group, one call when there is one key. Returns are agent 0's,
+    lengths count (sub-)steps, and ``wins`` collects ``info["win"]`` from the final step when
+    the env reports it.
 
     ``deterministic`` takes the distribution's mode; otherwise actions are sampled from a
     generator seeded with ``seed``. ``max_episode_steps`` cuts episodes that run longer.
@@ -52,81 +59,51 @@ def evaluate(
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    envs = make_vector_env(env_factory, n_episodes)
+    keyed = isinstance(model, StructuredActorCritic)
+    if keyed:
+        envs: Any = StructuredVectorEnv([env_factory] * n_episodes)
+    else:
+        envs = SingleKeyVectorEnv(make_vector_env(env_factory, n_episodes))
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    try:
-        obs, _ = envs.reset(seed=seed)
-        returns = np.zeros(n_episodes)
-        lengths = np.zeros(n_episodes, dtype=np.int64)
-        running = np.ones(n_episodes, dtype=bool)
+    wins: list[bool | None] = [None] * n_episodes
+    stateful = not keyed and model.needs_inputs
+    if stateful:  # the inputs a core or last action/reward carries from step to step
         head = model.action_head
         first = torch.ones(n_episodes, dtype=torch.bool, device=device)
         state = model.initial_state(n_episodes, device)
         last_action = torch.zeros((n_episodes, *head.action_shape), dtype=head.action_dtype)
         last_action = last_action.to(device)
         last_reward = torch.zeros(n_episodes, device=device)
-        while running.any():
-            x = torch.as_tensor(obs, device=device)
-            if model.needs_inputs:
-                dist, state = model.act(x, first, state, last_action, last_reward)
-            else:
-                dist = model.policy(x)
-            action = dist.mode() if deterministic else dist.sample(generator)
-            obs, reward, terminated, truncated, _ = envs.step(head.to_env(action.cpu()))
-            returns += np.where(running, reward, 0.0)
-            lengths += running
-            done = np.logical_or(terminated, truncated)
-            # envs autoreset: a finished env starts a new (uncounted) episode from zero inputs
-            first = torch.as_tensor(done, device=device)
-            last_action = action
-            last_reward = torch.as_tensor(reward, dtype=torch.float32, device=device)
-            if max_episode_steps is not None:
-                done |= lengths >= max_episode_steps
-            running &= ~done
-    finally:
-        envs.close()
-        model.train(was_training)
-    return EvaluationResult([float(r) for r in returns], [int(n) for n in lengths])
-
-
-@torch.no_grad()
-def evaluate_structured(
-    model: StructuredActorCritic,
-    env_factory: Callable[[], gym.Env],
-    n_episodes: int,
-    deterministic: bool = True,
-    seed: int = 0,
-    max_episode_steps: int | None = None,
-) -> EvaluationResult:
-    """:func:`evaluate` for a structured env: returns are agent 0's, lengths count sub-steps,
-    and ``wins`` collects ``info["win"]`` from the final step when the env reports it."""
-    from impala_rl.envs.structured import StructuredVectorEnv
-
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    envs = StructuredVectorEnv([env_factory] * n_episodes)
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    wins: list[bool | None] = [None] * n_episodes
     try:
         envs.reset(seed=seed)
         returns = np.zeros(n_episodes)
         lengths = np.zeros(n_episodes, dtype=np.int64)
         running = np.ones(n_episodes, dtype=bool)
-        actions: list = [None] * n_episodes
+        actions: Any = [None] * n_episodes
         while running.any():
             for k in envs.step_keys:
                 idx = np.flatnonzero(envs.step_key == k)
                 if idx.size == 0:
                     continue
-                obs = torch.as_tensor(envs.obs[k][idx], device=device)
-                mask = envs.masks.get(k)
-                mask_t = None if mask is None else torch.as_tensor(mask[idx], device=device)
-                dist = model.policy(k, obs, mask_t)
+                every = idx.size == n_episodes  # one key deciding everywhere: no gather
+                obs = torch.as_tensor(envs.obs[k] if every else envs.obs[k][idx], device=device)
+                if keyed:
+                    mask = envs.masks.get(k)
+                    mask_t = None if mask is None else torch.as_tensor(mask[idx], device=device)
+                    dist = model.policy(k, obs, mask_t)
+                    head = model.action_head(k)
+                elif stateful:
+                    dist, state = model.act(obs, first, state, last_action, last_reward)
+                else:
+                    dist, head = model.policy(obs), model.action_head
                 action = dist.mode() if deterministic else dist.sample(generator)
-                env_actions = model.action_head(k).to_env(action.cpu())
-                for j, i in enumerate(idx):
-                    actions[i] = env_actions[j]
+                env_actions = head.to_env(action.cpu())
+                if every:
+                    actions = env_actions
+                else:
+                    actions = actions if isinstance(actions, list) else [None] * n_episodes
+                    for j, i in enumerate(idx):
+                        actions[i] = env_actions[j]
             reward, terminated, truncated, _, final_infos = envs.step(actions)
             returns += np.where(running, reward[:, 0], 0.0)
             lengths += running
@@ -134,6 +111,10 @@ def evaluate_structured(
                 if running[i] and "win" in info:
                     wins[i] = bool(info["win"])
             done = np.logical_or(terminated, truncated)
+            if stateful:  # envs autoreset: a finished env starts a new (uncounted) episode
+                first = torch.as_tensor(done, device=device)
+                last_action = action
+                last_reward = torch.as_tensor(reward[:, 0], dtype=torch.float32, device=device)
             if max_episode_steps is not None:
                 done |= lengths >= max_episode_steps
             running &= ~done

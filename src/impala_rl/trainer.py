@@ -31,7 +31,6 @@ from impala_rl.evaluation import (
     BackgroundEvaluator,
     EvaluationResult,
     evaluate,
-    evaluate_structured,
 )
 from impala_rl.events import ImpalaEvents, RunEvents
 from impala_rl.learner import Learner, NonFiniteError, load_optimizer_state, scheduled_lr
@@ -138,7 +137,6 @@ class Trainer:
         self.env_factory: EnvFactory = make_env_factory(cfg.env)
         probe = self.env_factory()
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
-        self.structured = is_structured(probe)
         try:
             model = build_model_for_env(cfg.model, probe)
         finally:
@@ -418,7 +416,7 @@ class Trainer:
         """Evaluate ``model``, with evaluation seeds drawn from the epoch it is from."""
         cfg, ev_cfg = self.cfg, self.cfg.algorithm.rollout_evaluator
         seed = int(np.random.SeedSequence([cfg.seed, 1, epoch]).generate_state(1)[0])
-        return (evaluate_structured if self.structured else evaluate)(
+        return evaluate(
             model,  # type: ignore[arg-type]
             self.eval_env_factory,
             ev_cfg.n_episodes,

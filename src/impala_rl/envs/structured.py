@@ -25,7 +25,9 @@ The protocol, in Gymnasium terms:
   action space) restricts that sub-step's policy to the legal actions; the other entries are
   flattened for the network.
 
-A plain Gymnasium env is not a ``StructuredEnv`` and keeps its own code path for now.
+A plain Gymnasium env is the case of one agent whose step key 0 decides at every step:
+:class:`SingleKeyVectorEnv` presents a plain vector env under :class:`StructuredVectorEnv`'s
+contract, stepping every env in one call.
 """
 
 from __future__ import annotations
@@ -236,6 +238,41 @@ class StructuredVectorEnv:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+class SingleKeyVectorEnv:
+    """A plain vector env (``make_vector_env``) under :class:`StructuredVectorEnv`'s contract:
+    one agent, step key 0 at every step, no action masks. ``obs[0]`` is the wrapped env's
+    observation array (which it may overwrite at the next step)."""
+
+    step_keys = (0,)
+    n_agents = 1
+
+    def __init__(self, envs: Any):
+        self.envs = envs
+        self.num_envs = n = int(envs.num_envs)
+        self.step_key = np.zeros(n, dtype=np.int64)
+        self.agent_id = np.zeros(n, dtype=np.int64)
+        self.obs: dict[int, np.ndarray] = {}
+        self.masks: dict[int, np.ndarray] = {}
+        self.final_obs: dict[int, dict[int, tuple[int, np.ndarray, np.ndarray | None]]] = {}
+        self.single_observation_space = envs.single_observation_space
+        self.single_action_space = envs.single_action_space
+
+    def reset(self, seed: int | None = None) -> None:
+        self.obs[0], _ = self.envs.reset(seed=seed)
+
+    def step(
+        self, actions: Any
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[int, dict]]:
+        """:meth:`StructuredVectorEnv.step` for ``actions [N, ...]``: every env at once."""
+        obs, reward, terminated, truncated, _ = self.envs.step(actions)
+        self.obs[0] = obs
+        rewards = np.asarray(reward, dtype=np.float64).reshape(self.num_envs, 1)
+        return rewards, terminated, truncated, np.zeros(self.num_envs, dtype=bool), {}
+
+    def close(self) -> None:
+        self.envs.close()
 
 
 def check_structured_env(env: Any) -> None:
