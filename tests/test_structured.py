@@ -11,6 +11,7 @@ from gymnasium import spaces
 
 import impala_rl
 from impala_rl.config import ConfigError, load_config
+from impala_rl.envs import EnvFactory
 from impala_rl.envs.examples import ItemPlacementEnv
 from impala_rl.envs.factory import EnvError
 from impala_rl.envs.structured import ActorID, StructuredEnv, StructuredVectorEnv
@@ -119,14 +120,15 @@ class ScriptedEnv(StructuredEnv):
                 return total
 
 
-def _scripted_loop(num_envs=2, T=5, **kwargs):
+def _scripted_loop(num_envs=2, T=5, model_overrides=(), **kwargs):
     envs: list[ScriptedEnv] = []
 
     def factory():
         envs.append(ScriptedEnv(**kwargs, first=10_000 * len(envs)))  # serials unique
         return envs[-1]
 
-    model = build_model_for_env(load_config("multistep_example").model, ScriptedEnv(**kwargs))
+    cfg = load_config("multistep_example", list(model_overrides))
+    model = build_model_for_env(cfg.model, ScriptedEnv(**kwargs))
     loop = make_actor_loop(factory, num_envs, model, seed=0, unroll_length=T)
     spec = rollout_spec_for(model, None, T, num_envs)  # type: ignore[arg-type]
     return loop, spec, envs, model
@@ -218,6 +220,76 @@ def test_agents_acting_at_different_rates_train_without_deadlock():
     assert agents.count(0.0) == pytest.approx(2 * agents.count(1.0), abs=3)
 
 
+# -- a recurrent core along each agent's decisions ------------------------------------------------
+
+CORE = ["model.core=lstm", "model.shared_torso=true", "model.lstm_hidden_size=64"]
+
+
+@pytest.mark.parametrize(
+    "env_kwargs",
+    [
+        {"length": 7, "truncate": True, "final_obs": True},  # bootstrap rows at truncation
+        {"length": 1000},  # agents at different rates, columns cut mid-episode
+    ],
+)
+def test_a_core_columns_stored_state_reproduces_the_actors_log_probs(env_kwargs):
+    """Columns start at any decision of an agent's stream: the state stored at row 0 and the
+    ``first`` flags must let the learner's core recompute exactly what the actor computed."""
+    from impala_rl.learner import forward_batch
+
+    loop, spec, _, model = _scripted_loop(num_envs=2, T=6, model_overrides=CORE, **env_kwargs)
+    model.core.lstm.bias_hh_l0.data.normal_()  # a state that matters: no zero-state luck
+    for _ in range(5):
+        slot = spec.allocate()
+        loop.unroll(slot)
+        valid = slot["valid"]
+        assert slot["core_h"].abs().sum() > 0 or _ == 0
+        with torch.no_grad():
+            log_prob = forward_batch(model, slot).log_prob[:-1]
+        torch.testing.assert_close(
+            log_prob[valid], slot["behaviour_log_prob"][valid], atol=1e-5, rtol=0
+        )
+
+
+def test_a_core_state_is_per_agent_in_self_play():
+    from impala_rl.learner import forward_batch
+
+    cfg = load_config("tictactoe", ["env.kwargs.opponent=self_play", *CORE])
+    factory = EnvFactory(cfg.env.id, cfg.env.kwargs)
+    model = build_model_for_env(cfg.model, factory())
+    loop = make_actor_loop(factory, 4, model, seed=0, unroll_length=5)
+    spec = rollout_spec_for(model, None, 5, 4)  # type: ignore[arg-type]
+    for _ in range(4):
+        slot = spec.allocate()
+        loop.unroll(slot)
+        valid = slot["valid"]
+        with torch.no_grad():
+            log_prob = forward_batch(model, slot).log_prob[:-1]
+        torch.testing.assert_close(
+            log_prob[valid], slot["behaviour_log_prob"][valid], atol=1e-5, rtol=0
+        )
+
+
+@pytest.mark.parametrize("backend", ["sequential", "subprocess"])
+def test_an_lstm_policy_reaches_the_example_envs_optimal_return(tmp_path, backend):
+    summary = impala_rl.train(
+        "multistep_example",
+        [*FAST, *CORE, f"runner.backend={backend}", "seed=0", f"max_env_steps={EXAMPLE_BUDGET}"],
+        run_dir=tmp_path,
+    )
+    assert summary["stopped_because"] == "target_return", summary
+    assert summary["best_eval_return"] == 2.0
+
+
+def test_a_structured_policy_with_a_core_is_refused_by_act(tmp_path):
+    impala_rl.train("multistep_example", [*FAST, *CORE, "max_env_steps=256"], run_dir=tmp_path)
+    policy = load_policy(tmp_path, which="last")
+    env = ItemPlacementEnv()
+    obs, _ = env.reset(seed=0)
+    with pytest.raises(ValueError, match="keeps a state per agent"):
+        policy.act(obs, step_key=0)
+
+
 # -- the protocol and the model ------------------------------------------------------------------
 
 
@@ -267,7 +339,6 @@ def test_model_critic_choice_is_validated():
 @pytest.mark.parametrize(
     "override, field",
     [
-        (["model.core=lstm", "model.shared_torso=true"], "model.core"),
         (["model.use_last_action_reward=true"], "model.use_last_action_reward"),
     ],
 )

@@ -67,6 +67,9 @@ def evaluate(
     generator = torch.Generator(device="cpu").manual_seed(seed)
     wins: list[bool | None] = [None] * n_episodes
     stateful = not keyed and model.needs_inputs
+    if keyed and model.has_core:  # a state per agent of every env, reset with its episode
+        agent_states = model.initial_state(n_episodes * envs.n_agents, device)
+        agent_first = np.ones(n_episodes * envs.n_agents, dtype=bool)
     if stateful:  # the inputs a core or last action/reward carries from step to step
         head = model.action_head
         first = torch.ones(n_episodes, dtype=torch.bool, device=device)
@@ -90,8 +93,18 @@ def evaluate(
                 if keyed:
                     mask = envs.masks.get(k)
                     mask_t = None if mask is None else torch.as_tensor(mask[idx], device=device)
-                    dist = model.policy(k, obs, mask_t)
                     head = model.action_head(k)
+                    if model.has_core:
+                        agents = idx * envs.n_agents + envs.agent_id[idx]
+                        cols = torch.as_tensor(agents, device=device)
+                        h, c = agent_states
+                        first_t = torch.as_tensor(agent_first[agents], device=device)
+                        dist, (h[:, cols], c[:, cols]) = model.act(
+                            k, obs, mask_t, first_t, (h[:, cols], c[:, cols])
+                        )
+                        agent_first[agents] = False
+                    else:
+                        dist = model.policy(k, obs, mask_t)
                 elif stateful:
                     dist, state = model.act(obs, first, state, last_action, last_reward)
                 else:
@@ -111,6 +124,9 @@ def evaluate(
                 if running[i] and "win" in info:
                     wins[i] = bool(info["win"])
             done = np.logical_or(terminated, truncated)
+            if keyed and model.has_core:
+                for i in np.flatnonzero(done):
+                    agent_first[i * envs.n_agents : (i + 1) * envs.n_agents] = True
             if stateful:  # envs autoreset: a finished env starts a new (uncounted) episode
                 first = torch.as_tensor(done, device=device)
                 last_action = action

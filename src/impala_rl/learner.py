@@ -147,18 +147,30 @@ def forward_batch(
         padded = torch.cat([action, action[-1:]], dim=0)  # row T's action is never read
         return TargetOutputs(out.dist.log_prob(padded), out.dist.entropy(), out.value)
     step_key = batch["step_key"]
+    rows_of = {k: (step_key == k).nonzero(as_tuple=True) for k in model.step_keys}
+    rows_of = {k: rows for k, rows in rows_of.items() if rows[0].numel()}
+    core_out = None
+    if model.core is not None:  # each key's features in place, the core along every column
+        features = None
+        for k, rows in rows_of.items():
+            encoded = model.encode(k, batch[f"obs_{k}"][rows])
+            if features is None:
+                features = encoded.new_zeros((*step_key.shape, encoded.shape[-1]))
+            features = features.index_put(rows, encoded)
+        assert features is not None, "a batch has rows"
+        core_out, _ = model.core(features, batch["first"], (batch["core_h"], batch["core_c"]))
     log_prob = torch.zeros(step_key.shape, device=step_key.device)
     entropy, value = torch.zeros_like(log_prob), torch.zeros_like(log_prob)
-    for k in model.step_keys:
-        rows = (step_key == k).nonzero(as_tuple=True)
-        if rows[0].numel() == 0:
-            continue
-        obs = batch[f"obs_{k}"][rows]
+    for k, rows in rows_of.items():
         mask = batch[f"action_mask_{k}"][rows] if f"action_mask_{k}" in batch else None
-        dist = model.policy(k, obs, mask)
+        if core_out is None:
+            obs = batch[f"obs_{k}"][rows]
+            dist, key_value = model.policy(k, obs, mask), model.value(k, obs)
+        else:
+            dist, key_value = model.heads(k, core_out[rows], mask)
         log_prob = log_prob.index_put(rows, dist.log_prob(batch[f"action_{k}"][rows]))
         entropy = entropy.index_put(rows, dist.entropy())
-        value = value.index_put(rows, model.value(k, obs))
+        value = value.index_put(rows, key_value)
     return TargetOutputs(log_prob, entropy, value)
 
 

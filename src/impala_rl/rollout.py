@@ -351,6 +351,10 @@ class StructuredRolloutSpec:
                                                       row t+1 is padding
     ``valid``                   ``[T, N]``            row t is a decision whose segment closed
                                                       (it gets a loss); else bootstrap/padding
+    ``first``                   ``[T+1, N]``          (a model with a core) row t is the agent's
+                                                      first decision of an episode
+    ``core_h``, ``core_c``      ``[1, N, H]``         (a model with a core) the agent's core
+                                                      state before row 0
     ``policy_version``          ``[N]``               learner update count of the policy
     ``actor_index``             ``[N]``               which actor filled the column
     ==========================  ====================  =========================================
@@ -369,6 +373,7 @@ class StructuredRolloutSpec:
     obs: tuple[tuple[int, tuple[int, ...], torch.dtype], ...]  # (key, shape, dtype)
     actions: tuple[tuple[int, tuple[int, ...], torch.dtype], ...]
     masks: tuple[tuple[int, int], ...]  # (key, n)
+    core_state_size: int = 0
 
     def field_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         T, N = self.T, self.N
@@ -391,6 +396,11 @@ class StructuredRolloutSpec:
                 "actor_index": ((N,), torch.int64),
             }
         )
+        if self.core_state_size:
+            H = self.core_state_size
+            fields["first"] = ((T + 1, N), torch.bool)
+            fields["core_h"] = ((1, N, H), torch.float32)
+            fields["core_c"] = ((1, N, H), torch.float32)
         return fields
 
     def allocate(self, share_memory: bool = False) -> dict[str, torch.Tensor]:
@@ -412,7 +422,8 @@ def structured_spec_for(model: StructuredActorCritic, T: int, N: int) -> Structu
         for k in model.step_keys
     )
     masks = tuple((k, n) for k, n in sorted(model.mask_sizes.items()) if n is not None)
-    return StructuredRolloutSpec(T, N * model.n_agents, obs, actions, masks)
+    core = 0 if model.core is None else model.core.hidden_size
+    return StructuredRolloutSpec(T, N * model.n_agents, obs, actions, masks, core)
 
 
 @dataclass
@@ -427,6 +438,8 @@ class Decision:
     reward: float = 0.0
     terminal: bool = False
     age: int = 0  # the actor's sub-step count when it was taken: the oldest chunk goes first
+    first: bool = False  # the agent's first decision of an episode (a model with a core)
+    core_state: tuple[torch.Tensor, torch.Tensor] | None = None  # (h, c) [H] before it
 
 
 class StructuredActorLoop:
@@ -440,6 +453,10 @@ class StructuredActorLoop:
     more columns. So agents acting at different rates neither wait for each other nor pad
     their columns, and no queue grows without bound (a slow agent's decisions wait, less than
     ``T`` of them, until its chunk is full). Episode returns are those of agent 0.
+
+    With a core every stream carries its state from decision to decision (reset at its first
+    decision of an episode); each decision keeps the state before it, so a column that starts
+    at any decision stores the state it starts from.
     """
 
     def __init__(
@@ -468,6 +485,8 @@ class StructuredActorLoop:
         ]
         self.open: list[Decision | None] = [None] * columns
         self.substeps = 0
+        self.core_state = model.initial_state(columns)
+        self.first = np.ones(columns, dtype=bool)  # a stream's next decision starts an episode
 
     def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Take new weights; only ever called between unrolls."""
@@ -491,13 +510,22 @@ class StructuredActorLoop:
                 continue
             obs = torch.from_numpy(envs.obs[k][idx])
             mask = torch.from_numpy(envs.masks[k][idx]) if k in envs.masks else None
-            dist = model.policy(k, obs, mask)
+            streams = idx * A + envs.agent_id[idx]
+            state = self.core_state
+            if state is None:
+                dist = model.policy(k, obs, mask)
+            else:
+                cols = torch.from_numpy(streams)
+                before = (state[0][:, cols], state[1][:, cols])
+                first = torch.from_numpy(self.first[streams])
+                dist, after = model.act(k, obs, mask, first, before)
+                state[0][:, cols], state[1][:, cols] = after
             action = dist.sample(self.generator)
             log_prob = dist.log_prob(action).float().numpy()
             env_actions = model.action_head(k).to_env(action)
             for j, i in enumerate(idx):
                 actions[i] = env_actions[j]
-                column = i * A + int(envs.agent_id[i])
+                column = int(streams[j])
                 self._close(column, terminal=False)  # its segment ends at this decision
                 self.open[column] = Decision(
                     k,
@@ -506,7 +534,10 @@ class StructuredActorLoop:
                     action[j].clone(),
                     float(log_prob[j]),
                     age=self.substeps,
+                    first=bool(self.first[column]),
+                    core_state=None if state is None else (before[0][0, j], before[1][0, j]),
                 )
+            self.first[streams] = False
         acting = envs.agent_id.copy()
         reward, term, trunc, actor_done, _ = envs.step(actions)
         trunc = np.logical_and(trunc, np.logical_not(term))
@@ -525,7 +556,14 @@ class StructuredActorLoop:
                     if final is not None:
                         key, obs, mask = final
                         final_row = Decision(key, obs, mask, terminal=True, age=self.substeps)
+                        if self.core_state is not None:  # continues the agent's sequence
+                            h, c = self.core_state
+                            final_row.core_state = (
+                                h[0, i * A + a].clone(),
+                                c[0, i * A + a].clone(),
+                            )
                         self.closed[i * A + a].append(final_row)
+                    self.first[i * A + a] = True
         self.episodes.step(reward[:, 0], np.logical_or(term, trunc), returns, lengths)
         self.substeps += 1
 
@@ -546,6 +584,10 @@ class StructuredActorLoop:
             if d.action is not None:
                 slot[f"action_{d.key}"][t, column] = d.action
             staged["step_key"][t, column] = d.key
+            if "first" in staged:
+                staged["first"][t, column] = d.first
+                if t == 0:
+                    slot["core_h"][0, column], slot["core_c"][0, column] = d.core_state
             if t < len(rows) - 1:  # the last is the peeked bootstrap row: defaults stand
                 staged["behaviour_log_prob"][t, column] = d.log_prob
                 staged["reward"][t, column] = d.reward
@@ -573,6 +615,8 @@ class StructuredActorLoop:
             "terminal": np.ones((T, C), dtype=bool),
             "valid": np.zeros((T, C), dtype=bool),
         }
+        if self.core_state is not None:
+            staged["first"] = np.ones((T + 1, C), dtype=bool)
         for column in range(C):
             stream = min((q[0].age, s) for s, q in enumerate(self.closed) if len(q) >= T)[1]
             self._write_column(slot, column, stream, staged)

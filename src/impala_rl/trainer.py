@@ -630,6 +630,11 @@ class Policy:
             step_key = next(iter(keys))
         if step_key not in keys:
             raise ValueError(f"step_key={step_key!r} is not one of {sorted(keys)}")
+        if self.model.has_core:
+            raise ValueError(
+                "a structured policy with a core keeps a state per agent, which act() does "
+                "not track; use impala_rl.evaluation.evaluate (or `impala eval`)"
+            )
         x, mask = keys[step_key](obs)
         dist = self.model.policy(
             step_key,

@@ -50,7 +50,6 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
     check_structured_env(env)
     converters = {k: KeyObservation(s, k) for k, s in env.observation_spaces.items()}
     unsupported = {
-        "model.core": (model_cfg.core, "none"),
         "model.use_last_action_reward": (model_cfg.use_last_action_reward, False),
         "model.normalize_obs": (model_cfg.normalize_obs, False),
         "model.popart": (model_cfg.popart, False),
@@ -76,6 +75,8 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
             channels_last=model_cfg.channels_last,
             actor_hidden_sizes=model_cfg.actor_hidden_sizes,
             critic_hidden_sizes=model_cfg.critic_hidden_sizes,
+            core=model_cfg.core,
+            lstm_hidden_size=model_cfg.lstm_hidden_size,
         )
     except ValueError as exc:
         raise ConfigError(f"model (structured env): {exc}") from None

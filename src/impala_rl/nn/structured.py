@@ -1,5 +1,11 @@
 """The actor-critic of a structured env: a policy per step key (or one shared), critics per
-step key or one shared."""
+step key or one shared, and an optional LSTM core that every key's encoder feeds.
+
+With a core an agent's decisions form one sequence whatever their step keys (a column of
+:class:`~impala_rl.rollout.StructuredRolloutSpec`): each key's encoder turns its observation
+into features of one width, the core runs along the column, and each key's action head and
+critic read the core's output.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from impala_rl.nn.core import CORES, CoreState, LSTMCore
 from impala_rl.nn.distributions import (
     ActionDistribution,
     ActionHead,
@@ -43,15 +50,21 @@ class PolicyNet(nn.Module):
         activation: str,
         encoder: str,
         precision: str = "fp32",
+        head_in: int | None = None,
     ):
         super().__init__()
         self.precision = precision
         self.obs_shape = tuple(observation_space.shape)
         self.torso = make_encoder(encoder, self.obs_shape, hidden_sizes, activation)
-        self.action_head: ActionHead = make_action_head(action_space, self.torso.out_features)
+        self.action_head: ActionHead = make_action_head(
+            action_space, head_in or self.torso.out_features
+        )
 
     def forward(self, obs: Tensor, action_mask: Tensor | None = None) -> ActionDistribution:
-        features = _encode(self.torso, obs, self.precision)
+        return self.head(_encode(self.torso, obs, self.precision), action_mask)
+
+    def head(self, features: Tensor, action_mask: Tensor | None = None) -> ActionDistribution:
+        """The action distribution for ``features [*batch, F]`` (the torso's or the core's)."""
         if action_mask is None:
             return self.action_head(features)
         if not isinstance(self.action_head, DiscreteHead):
@@ -62,11 +75,11 @@ class PolicyNet(nn.Module):
 class ValueNet(nn.Module):
     """Encoder and scalar value head: ``[*batch, *o]`` -> ``[*batch]``."""
 
-    def __init__(self, torso: nn.Module, precision: str = "fp32"):
+    def __init__(self, torso: nn.Module, precision: str = "fp32", head_in: int | None = None):
         super().__init__()
         self.torso = torso
         self.precision = precision
-        self.head = nn.Linear(torso.out_features, 1)
+        self.head = nn.Linear(head_in or torso.out_features, 1)
         nn.init.orthogonal_(self.head.weight, gain=1.0)
         nn.init.zeros_(self.head.bias)
         setattr(self.head, VALUE_HEAD, True)
@@ -83,7 +96,9 @@ class StructuredActorCritic(nn.Module):
     = step key); ``critic="shared"`` is one critic (critic key 0) over every key's observation,
     flattened, zero-padded to the widest key and followed by a one-hot of the step key.
     ``shared_torso`` gives each per-key critic its policy's encoder (``critic="per_step_key"``
-    only); ``precision="bf16"`` runs the encoders under bf16 autocast; ``channels_last``
+    only); ``core="lstm"`` puts one LSTM between every key's encoder (their widths must be
+    equal) and the heads, along each agent's decisions (needs ``shared_torso``);
+    ``precision="bf16"`` runs the encoders under bf16 autocast; ``channels_last``
     stores image encoders' activations channels-last.
     """
 
@@ -103,8 +118,17 @@ class StructuredActorCritic(nn.Module):
         channels_last: bool = False,
         actor_hidden_sizes: Sequence[int] | None = None,
         critic_hidden_sizes: Sequence[int] | None = None,
+        core: str = "none",
+        lstm_hidden_size: int = 256,
     ):
         super().__init__()
+        if core not in CORES:
+            raise ValueError(f"unknown core {core!r}; valid: {', '.join(CORES)}")
+        if core != "none" and not (shared_torso and critic == "per_step_key"):
+            raise ValueError(
+                f"core={core!r} needs shared_torso=true and critic=per_step_key (each key's "
+                "encoder feeds the core, whose output the key's policy and critic read)"
+            )
         if shared_torso and (actor_hidden_sizes or critic_hidden_sizes):
             raise ValueError("separate actor/critic hidden sizes need shared_torso=false")
         critic_sizes = critic_hidden_sizes or hidden_sizes
@@ -124,6 +148,7 @@ class StructuredActorCritic(nn.Module):
         if critic not in CRITIC_MODES:
             raise ValueError(f"critic must be one of {', '.join(CRITIC_MODES)}, got {critic!r}")
         self.critic_mode = critic
+        head_in = lstm_hidden_size if core != "none" else None
         if self.shared_policy:
             k0 = self.step_keys[0]
             for k in self.step_keys[1:]:
@@ -143,6 +168,7 @@ class StructuredActorCritic(nn.Module):
                 activation,
                 encoder,
                 precision,
+                head_in,
             )
             self.policies = nn.ModuleDict({"0": net})
         else:
@@ -155,6 +181,7 @@ class StructuredActorCritic(nn.Module):
                         activation,
                         encoder,
                         precision,
+                        head_in,
                     )
                     for k in self.step_keys
                 }
@@ -170,6 +197,7 @@ class StructuredActorCritic(nn.Module):
                             encoder, tuple(observation_spaces[k].shape), critic_sizes, activation
                         ),
                         precision,
+                        head_in,
                     )
                     for k in self.step_keys
                 }
@@ -183,10 +211,26 @@ class StructuredActorCritic(nn.Module):
             self._shared_width = max(dims.values()) + len(self.step_keys)
             torso = MLPEncoder((self._shared_width,), critic_sizes, activation)
             self.critics = nn.ModuleDict({"0": ValueNet(torso, precision)})
+        self.core: LSTMCore | None = None
+        if core != "none":
+            widths = {k: self._policy_net(k).torso.out_features for k in self.step_keys}
+            if len(set(widths.values())) != 1:
+                raise ValueError(
+                    f"core={core!r} needs every step key's encoder to give features of one "
+                    f"width, got {widths}"
+                )
+            self.core = LSTMCore(next(iter(widths.values())), lstm_hidden_size)
         if channels_last:
             for module in self.modules():
                 if module is not self and hasattr(module, "use_channels_last"):
                     module.use_channels_last()
+
+    def _no_core(self, method: str) -> None:
+        if self.core is not None:
+            raise ValueError(
+                f"{method}() reads one observation; a model with a core reads an agent's "
+                "decisions in order: act() one step, encode(), the core and heads() a sequence"
+            )
 
     def _policy_net(self, step_key: int) -> PolicyNet:
         return self.policies["0" if self.shared_policy else str(step_key)]  # type: ignore[return-value]
@@ -201,11 +245,15 @@ class StructuredActorCritic(nn.Module):
     def policy(
         self, step_key: int, obs: Tensor, action_mask: Tensor | None = None
     ) -> ActionDistribution:
-        """The action distribution of step key ``step_key`` for ``obs [*batch, *o_k]``."""
+        """The action distribution of step key ``step_key`` for ``obs [*batch, *o_k]`` (a model
+        without a core)."""
+        self._no_core("policy")
         return self._policy_net(step_key)(obs, action_mask)
 
     def value(self, step_key: int, obs: Tensor) -> Tensor:
-        """Values ``[*batch]`` of step key ``step_key``'s observations ``[*batch, *o_k]``."""
+        """Values ``[*batch]`` of step key ``step_key``'s observations ``[*batch, *o_k]`` (a
+        model without a core)."""
+        self._no_core("value")
         if self.critic_mode == "per_step_key":
             return self.critics[str(step_key)](obs)
         batch = obs.shape[: obs.ndim - len(self.observation_spaces[step_key].shape)]
@@ -216,14 +264,60 @@ class StructuredActorCritic(nn.Module):
         padded = torch.nn.functional.pad(flat, (0, pad))
         return self.critics["0"](torch.cat([padded, one_hot], dim=-1))
 
+    # -- the core: an agent's decisions as one sequence --------------------------------------
+    @property
+    def has_core(self) -> bool:
+        return self.core is not None
+
+    def initial_state(
+        self, batch_size: int, device: torch.device | str = "cpu"
+    ) -> CoreState | None:
+        """The core state at an episode start, ``(h, c)`` each ``[1, B, H]``; None: no core."""
+        return None if self.core is None else self.core.initial_state(batch_size, device)
+
+    def encode(self, step_key: int, obs: Tensor) -> Tensor:
+        """Step key ``step_key``'s encoder features ``[*batch, F]`` (float32), the core's
+        input."""
+        net = self._policy_net(step_key)
+        return _encode(net.torso, obs, net.precision).float()
+
+    def heads(
+        self, step_key: int, features: Tensor, action_mask: Tensor | None = None
+    ) -> tuple[ActionDistribution, Tensor]:
+        """Step key ``step_key``'s action distribution and value for core outputs
+        ``features [*batch, H]``."""
+        critic: ValueNet = self.critics[str(step_key)]  # type: ignore[assignment]
+        value = critic.head(features).squeeze(-1)
+        return self._policy_net(step_key).head(features, action_mask), value
+
+    def act(
+        self,
+        step_key: int,
+        obs: Tensor,
+        action_mask: Tensor | None,
+        first: Tensor,
+        core_state: CoreState,
+    ) -> tuple[ActionDistribution, CoreState]:
+        """One decision of ``B`` agents whose step key is ``step_key`` (a model with a core):
+        ``obs [B, *o_k]``, ``first [B]`` (the agent's first decision of an episode: the state
+        resets), ``core_state`` the agents' states ``(h, c)`` each ``[1, B, H]``."""
+        assert self.core is not None, "act() needs a core; use policy()"
+        features = self.encode(step_key, obs).unsqueeze(0)
+        y, state = self.core(features, first.reshape(1, -1), core_state)
+        return self._policy_net(step_key).head(y[0], action_mask), state
+
     def policy_parameters(self, step_key: int | None = None) -> list[nn.Parameter]:
-        """Parameters of step key ``step_key``'s policy (all policies when ``None``)."""
+        """Parameters of step key ``step_key``'s policy (all policies when ``None``); the core
+        is in every key's."""
+        core = [] if self.core is None else list(self.core.parameters())
         if step_key is None:
-            return list(self.policies.parameters())
-        return list(self._policy_net(step_key).parameters())
+            return [*self.policies.parameters(), *core]
+        return [*self._policy_net(step_key).parameters(), *core]
 
     def critic_parameters(self, critic_key: int | None = None) -> list[nn.Parameter]:
-        """Parameters of critic ``critic_key`` (all critics when ``None``)."""
+        """Parameters of critic ``critic_key`` (all critics when ``None``); with a core, the
+        core too."""
+        core = [] if self.core is None else list(self.core.parameters())
         if critic_key is None:
-            return list(self.critics.parameters())
-        return list(self.critics[str(critic_key)].parameters())
+            return [*self.critics.parameters(), *core]
+        return [*self.critics[str(critic_key)].parameters(), *core]
