@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -170,6 +171,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # run_seed stops its trainer (which checkpoints) on the way out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -187,6 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         )
         print(json.dumps({"pid": proc.pid, "log": str(out / "learning.log")}))
         return None
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # `kill PID` must not orphan the trainer
     thresholds = sorted(args.thresholds)
     records = []
     for seed in args.seeds:

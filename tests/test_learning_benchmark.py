@@ -93,3 +93,36 @@ def test_a_killed_benchmark_resumes_its_seeds_and_writes_json_and_png(tmp_path):
     # a spent budget is only re-read: no third training command
     subprocess.run(args, env=_env(), check=True, timeout=120)
     assert _commands(out) == commands
+
+
+def test_sigterm_stops_the_benchmark_and_its_trainer_with_a_checkpoint(tmp_path):
+    """`kill PID` (what the module docstring tells users of --background) must not leave the
+    trainer running on its own."""
+    out = tmp_path / "bench"
+    args = [sys.executable, str(SCRIPT), "cartpole", "--steps", "10000000", "--out", str(out)]
+    run_dir = out / "seed0" / "run"
+    proc = subprocess.Popen(
+        [*args, "log.tensorboard=false", "algorithm.epoch_length=4"],
+        env=_env(),
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(_epochs(run_dir)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None and _epochs(run_dir), "the benchmark did not start training"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+        left = subprocess.run(
+            ["pgrep", "-g", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        assert left == [], f"processes left in the benchmark's group: {left}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_because"] == "interrupted"
+    assert (run_dir / "checkpoints" / "last.pt").is_file()
