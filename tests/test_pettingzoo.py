@@ -162,7 +162,7 @@ def test_tictactoe_short_run_learns_against_random(tmp_path):
 
 @pytest.mark.slow
 def test_tictactoe_preset_beats_random_in_over_90_percent_of_games(tmp_path):
-    """The preset's own budget (1M learner moves, ~3 min on 2 shared cores, seed 0); the best
+    """The preset's own budget (1M learner moves, 7-8 min on 2 cores, seed 0: 94.2%); the best
     checkpoint is then evaluated on 1000 fresh games, alternating seats."""
     summary = impala_rl.train("tictactoe", FAST, run_dir=tmp_path)
     assert summary["stopped_because"] == "max_env_steps"
