@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -288,6 +289,117 @@ def test_a_structured_policy_with_a_core_is_refused_by_act(tmp_path):
     obs, _ = env.reset(seed=0)
     with pytest.raises(ValueError, match="keeps a state per agent"):
         policy.act(obs, step_key=0)
+
+
+# -- observation normalization and PopArt, per step key and per critic ---------------------------
+
+
+def _example_unroll(overrides, T=8, num_envs=4, unrolls=1):
+    """``multistep_example``'s model and ``unrolls`` slots of one actor loop."""
+    cfg = load_config("multistep_example", list(overrides))
+    factory = EnvFactory(cfg.env.id, cfg.env.kwargs)
+    model = build_model_for_env(cfg.model, factory())
+    loop = make_actor_loop(factory, num_envs, model, seed=0, unroll_length=T)
+    spec = rollout_spec_for(model, None, T, num_envs)  # type: ignore[arg-type]
+    slots = []
+    for _ in range(unrolls):
+        slots.append(spec.allocate())
+        loop.unroll(slots[-1])
+    loop.close()
+    return model, slots
+
+
+def test_observation_statistics_per_step_key_are_those_of_every_trained_decision(tmp_path):
+    """normalize_obs: each step key's statistics are those of the observations of its valid
+    rows (no padding, no bootstrap row), saved with the weights, used by load_policy."""
+    seen: dict[int, list[torch.Tensor]] = {0: [], 1: []}
+    update = Learner.update
+
+    def recording_update(self, batch, train_policy=True, fresh=True):
+        for k in seen:
+            rows = batch["valid"] & (batch["step_key"][:-1] == k)
+            seen[k].append(batch[f"obs_{k}"][:-1][rows].double().clone())
+        return update(self, batch, train_policy=train_policy, fresh=fresh)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Learner, "update", recording_update)
+        impala_rl.train(
+            "multistep_example",
+            [*FAST, "model.normalize_obs=true", "max_env_steps=4096", "target_return=null"],
+            run_dir=tmp_path,
+        )
+    state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["model"]
+    policy = load_policy(tmp_path, which="last")
+    for k, batches in seen.items():
+        data = torch.cat(batches)
+        assert int(state[f"obs_norms.{k}.count"]) == len(data) > 500
+        torch.testing.assert_close(state[f"obs_norms.{k}.mean"], data.mean(0))
+        torch.testing.assert_close(state[f"obs_norms.{k}.var"], data.var(0, unbiased=False))
+        obs = data[:3].float()
+        expected = (obs.double() - data.mean(0)) / (data.var(0, unbiased=False) + 1e-8).sqrt()
+        torch.testing.assert_close(policy.model.normalized(k, obs), expected.float().clamp(-10, 10))
+
+
+def test_the_actor_and_the_learner_read_the_same_normalized_observations():
+    from impala_rl.learner import forward_batch
+
+    model, _ = _example_unroll(["model.normalize_obs=true"], unrolls=0)
+    for norm in model.obs_norms.values():  # statistics far from the identity
+        norm.mean.fill_(0.5)
+        norm.var.fill_(0.04)
+        norm.count.fill_(100.0)
+    cfg = load_config("multistep_example", ["model.normalize_obs=true"])
+    factory = EnvFactory(cfg.env.id, cfg.env.kwargs)
+    loop = make_actor_loop(factory, 4, model, seed=0, unroll_length=8)
+    slot = rollout_spec_for(model, None, 8, 4).allocate()  # type: ignore[arg-type]
+    loop.unroll(slot)
+    loop.close()
+    valid = slot["valid"]
+    with torch.no_grad():
+        log_prob = forward_batch(model, slot).log_prob[:-1]
+        for norm in model.obs_norms.values():
+            norm.mean.zero_()
+            norm.var.fill_(1.0)
+        unnormalized = forward_batch(model, slot).log_prob[:-1]
+    torch.testing.assert_close(log_prob[valid], slot["behaviour_log_prob"][valid])
+    assert not torch.allclose(unnormalized[valid], slot["behaviour_log_prob"][valid], atol=1e-3)
+
+
+def _policy_grads(model, batch) -> list[torch.Tensor]:
+    cfg = load_config("multistep_example", ["algorithm.reward_clipping=none"]).algorithm
+    cfg.max_grad_norm = None
+    Learner(model, cfg).update({k: v.clone() for k, v in batch.items()})
+    return [p.grad.clone() for p in model.policy_parameters()]
+
+
+@pytest.mark.parametrize("popart", [True, False])
+def test_popart_per_critic_makes_the_policy_gradient_invariant_to_the_reward_scale(popart):
+    """Rewards x100 with every critic's PopArt statistics x100: the same policy gradient;
+    without PopArt the same rescaling changes it. Each critic keeps its own statistics."""
+    torch.manual_seed(1)
+    small, (batch,) = _example_unroll([f"model.popart={popart}"])
+    assert batch["reward"][batch["valid"]].abs().sum() > 0
+    heads = small.popart_heads()
+    assert sorted(heads) == ([0, 1] if popart else [])
+    for head in heads.values():
+        head.mu.fill_(1.0)
+        head.nu.fill_(1.0 + 4.0)  # sigma 2
+    large = copy.deepcopy(small)
+    for head in large.popart_heads().values():
+        head.mu.mul_(100.0)  # values x100, the normalized layers unchanged
+        head.nu.mul_(100.0**2)
+    scaled = {**batch, "reward": batch["reward"] * 100.0}
+    grads_small, grads_large = _policy_grads(small, batch), _policy_grads(large, scaled)
+    same = all(
+        torch.allclose(a, b, rtol=1e-3, atol=1e-6)
+        for a, b in zip(grads_small, grads_large, strict=True)
+    )
+    assert same is popart
+    if popart:
+        mus = [float(h.mu) for h in small.popart_heads().values()]
+        assert mus[0] != mus[1]  # equal before: each moved towards its own critic's targets
+        for c, head in large.popart_heads().items():
+            torch.testing.assert_close(head.mu, small.popart_heads()[c].mu * 100)
 
 
 # -- the protocol and the model ------------------------------------------------------------------

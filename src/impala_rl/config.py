@@ -197,11 +197,13 @@ class ModelConfig:
     normalize_obs: bool = False
     """Normalize vector observations by their running mean and variance (clipped to +-10):
     updated by the learner from every training batch, kept in the model's state (actors,
-    checkpoints, evaluation and ``load_policy`` use it). ``mlp`` encoder, plain envs."""
+    checkpoints, evaluation and ``load_policy`` use it); per step key on structured envs.
+    ``mlp`` encoder."""
     popart: bool = False
     """PopArt value normalization: the value head learns normalized targets while its outputs
     stay on the reward's scale (statistics of the V-trace targets, outputs preserved at each
-    update); policy-gradient advantages are divided by the same scale. Plain envs."""
+    update); policy-gradient advantages are divided by the same scale. Structured envs: one
+    PopArt head per critic."""
     popart_beta: float = 3.0e-4
     """Step size of PopArt's running moments of the V-trace targets."""
 

@@ -17,7 +17,6 @@ import torch
 from impala_rl import losses, vtrace
 from impala_rl.config import ImpalaAlgorithmConfig
 from impala_rl.nn import ActorCritic
-from impala_rl.nn.popart import PopArtValueHead
 from impala_rl.nn.structured import StructuredActorCritic
 
 
@@ -174,6 +173,24 @@ def forward_batch(
     return TargetOutputs(log_prob, entropy, value)
 
 
+def update_observation_statistics(
+    model: ActorCritic | StructuredActorCritic, batch: dict[str, torch.Tensor]
+) -> None:
+    """Merge a batch's trained observations into ``normalize_obs``'s statistics: rows
+    0..T-1 (row T opens the next unroll, where it is trained), on a structured batch each step
+    key's valid rows."""
+    if isinstance(model, ActorCritic):
+        if model.obs_norm is not None:
+            model.obs_norm.update(batch["obs"][:-1])
+        return
+    if model.obs_norms is None:
+        return
+    decided = batch["step_key"][:-1]
+    for k in model.step_keys:
+        rows = batch["valid"] & (decided == k)
+        model.obs_norms[str(k)].update(batch[f"obs_{k}"][:-1][rows])
+
+
 def _rows(x: torch.Tensor, selection: torch.Tensor | None) -> torch.Tensor:
     """The entries of ``x [T, B]`` that ``selection [T, B]`` picks; all of them for ``None``."""
     return x if selection is None else x[selection]
@@ -195,8 +212,7 @@ class Learner:
         self.num_updates = 0
         self._policy_params = {k: model.policy_parameters(k) for k in model.step_keys}
         self._critic_params = {c: model.critic_parameters(c) for c in model.critic_keys}
-        head = getattr(model, "value_head", None)
-        self._popart = head if isinstance(head, PopArtValueHead) else None
+        self._popart = model.popart_heads()  # {critic key: PopArt head}
 
     def set_learning_rate(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -226,9 +242,8 @@ class Learner:
             if name.startswith("obs") and obs.is_floating_point():
                 if not bool(torch.isfinite(obs).all()):
                     raise NonFiniteError(f"observations ({name}) contain NaN or Inf")
-        obs_norm = getattr(model, "obs_norm", None)
-        if fresh and obs_norm is not None:  # rows 0..T-1: row T opens the next unroll
-            obs_norm.update(batch["obs"][:-1])
+        if fresh:
+            update_observation_statistics(model, batch)
         model.train()
         out = forward_batch(model, batch)
         target_log_prob, entropy = out.log_prob[:-1], out.entropy[:-1]  # [T, B]
@@ -262,18 +277,33 @@ class Learner:
             clip_c_threshold=cfg.vtrace_clip_c_threshold,
             lambda_=cfg.vtrace_lambda,
         )
-        pg_advantages, value_loss_scale = vt.pg_advantages, 1.0
-        popart = self._popart
-        if popart is not None:  # both losses on the normalized scale of the new statistics
-            popart_old = popart.update_statistics(vt.vs)
-            pg_advantages = pg_advantages / popart.sigma
-            value_loss_scale = popart.sigma.pow(-2)
-
-        # The losses, per step key and per critic, over their valid rows.
+        # The rows of each step key and of each critic: the valid rows it decides or values.
         keys = batch["step_key"][:-1] if "step_key" in batch else None
         rows_of: dict[int, torch.Tensor | None] = {}
         for k in model.step_keys:
             rows_of[k] = valid if keys is None else valid & (keys == k)
+        critic_rows: dict[int, torch.Tensor | None] = {}
+        for c in model.critic_keys:
+            of_c = [rows_of[k] for k in model.step_keys if model.critic_key(k) == c]
+            critic_rows[c] = None if None in of_c else torch.stack(of_c).any(dim=0)
+
+        # PopArt: each critic's statistics move towards its targets; both losses of its rows
+        # are then on its normalized scale (advantages / sigma, value loss / sigma^2).
+        pg_advantages = vt.pg_advantages
+        value_loss_scale: dict[int, torch.Tensor | float] = {c: 1.0 for c in model.critic_keys}
+        popart_old = {}
+        for c, head in self._popart.items():
+            rows = critic_rows[c]
+            if rows is not None and not bool(rows.any()):
+                continue
+            popart_old[c] = head.update_statistics(_rows(vt.vs, rows))
+            if rows is None:
+                pg_advantages = pg_advantages / head.sigma
+            else:
+                pg_advantages = torch.where(rows, pg_advantages / head.sigma, pg_advantages)
+            value_loss_scale[c] = head.sigma.pow(-2)
+
+        # The losses, per step key and per critic, over their valid rows.
         pg_loss, ent_loss, value_loss = {}, {}, {}
         for k, rows in rows_of.items():
             if rows is None or bool(rows.any()):
@@ -281,13 +311,9 @@ class Learner:
                     _rows(target_log_prob, rows), _rows(pg_advantages, rows)
                 )
                 ent_loss[k] = losses.entropy_loss(_rows(entropy, rows))
-        critic_rows: dict[int, torch.Tensor | None] = {}
-        for c in model.critic_keys:
-            of_c = [rows_of[k] for k in model.step_keys if model.critic_key(k) == c]
-            critic_rows[c] = None if None in of_c else torch.stack(of_c).any(dim=0)
-            rows = critic_rows[c]
+        for c, rows in critic_rows.items():
             if rows is None or bool(rows.any()):
-                value_loss[c] = value_loss_scale * losses.baseline_loss(
+                value_loss[c] = value_loss_scale[c] * losses.baseline_loss(
                     _rows(vt.vs, rows), _rows(values, rows)
                 )
         total = 0.0 * values.sum() if not value_loss else 0.0  # in the graph when no rows
@@ -307,8 +333,8 @@ class Learner:
 
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
-        if popart is not None:  # after the backward: the graph holds the old layer
-            popart.preserve_outputs(*popart_old)
+        for c, old in popart_old.items():  # after the backward: the graph holds the old layer
+            self._popart[c].preserve_outputs(*old)
         policy_grad_norm = {k: _grad_norm(self._policy_params[k]) for k in pg_loss}
         critic_grad_norm = {c: _grad_norm(self._critic_params[c]) for c in value_loss}
         grad_norm = clip_gradients(model, cfg.max_grad_norm)

@@ -346,6 +346,10 @@ class ActorCritic(nn.Module):
         """The critic that values step key ``step_key``'s observations: the only one."""
         return 0
 
+    def popart_heads(self) -> dict[int, PopArtValueHead]:
+        """The PopArt head of each critic key: the one value head's, if it is one."""
+        return {0: self.value_head} if isinstance(self.value_head, PopArtValueHead) else {}
+
     def policy_parameters(self, step_key: int | None = None) -> list[nn.Parameter]:
         """Parameters the policy loss trains (the shared torso and the core included); the one
         step key's for ``step_key`` 0 or ``None``."""

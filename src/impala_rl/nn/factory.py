@@ -51,8 +51,6 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
     converters = {k: KeyObservation(s, k) for k, s in env.observation_spaces.items()}
     unsupported = {
         "model.use_last_action_reward": (model_cfg.use_last_action_reward, False),
-        "model.normalize_obs": (model_cfg.normalize_obs, False),
-        "model.popart": (model_cfg.popart, False),
     }
     for field, (value, valid) in unsupported.items():
         if value != valid:
@@ -77,6 +75,8 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
             critic_hidden_sizes=model_cfg.critic_hidden_sizes,
             core=model_cfg.core,
             lstm_hidden_size=model_cfg.lstm_hidden_size,
+            normalize_obs=model_cfg.normalize_obs,
+            popart_beta=model_cfg.popart_beta if model_cfg.popart else None,
         )
     except ValueError as exc:
         raise ConfigError(f"model (structured env): {exc}") from None

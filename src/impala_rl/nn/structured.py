@@ -26,6 +26,8 @@ from impala_rl.nn.distributions import (
 )
 from impala_rl.nn.encoders import MLPEncoder, make_encoder
 from impala_rl.nn.init import VALUE_HEAD
+from impala_rl.nn.normalization import RunningObsNorm
+from impala_rl.nn.popart import PopArtValueHead
 
 CRITIC_MODES = ("per_step_key", "shared")
 
@@ -73,16 +75,28 @@ class PolicyNet(nn.Module):
 
 
 class ValueNet(nn.Module):
-    """Encoder and scalar value head: ``[*batch, *o]`` -> ``[*batch]``."""
+    """Encoder and scalar value head: ``[*batch, *o]`` -> ``[*batch]``; a PopArt head
+    (:class:`~impala_rl.nn.popart.PopArtValueHead`) when ``popart_beta`` is given."""
 
-    def __init__(self, torso: nn.Module, precision: str = "fp32", head_in: int | None = None):
+    def __init__(
+        self,
+        torso: nn.Module,
+        precision: str = "fp32",
+        head_in: int | None = None,
+        popart_beta: float | None = None,
+    ):
         super().__init__()
         self.torso = torso
         self.precision = precision
-        self.head = nn.Linear(head_in or torso.out_features, 1)
-        nn.init.orthogonal_(self.head.weight, gain=1.0)
-        nn.init.zeros_(self.head.bias)
-        setattr(self.head, VALUE_HEAD, True)
+        self.head: nn.Linear | PopArtValueHead
+        if popart_beta is None:
+            self.head = out = nn.Linear(head_in or torso.out_features, 1)
+        else:
+            self.head = PopArtValueHead(head_in or torso.out_features, popart_beta)
+            out = self.head.linear
+        nn.init.orthogonal_(out.weight, gain=1.0)
+        nn.init.zeros_(out.bias)
+        setattr(out, VALUE_HEAD, True)
 
     def forward(self, obs: Tensor) -> Tensor:
         return self.head(_encode(self.torso, obs, self.precision)).squeeze(-1)
@@ -99,7 +113,10 @@ class StructuredActorCritic(nn.Module):
     only); ``core="lstm"`` puts one LSTM between every key's encoder (their widths must be
     equal) and the heads, along each agent's decisions (needs ``shared_torso``);
     ``precision="bf16"`` runs the encoders under bf16 autocast; ``channels_last``
-    stores image encoders' activations channels-last.
+    stores image encoders' activations channels-last. ``normalize_obs`` keeps running
+    statistics per step key (:class:`~impala_rl.nn.normalization.RunningObsNorm`, updated by
+    the learner) and normalizes each key's observations before its policy and critic;
+    ``popart_beta`` gives every critic a PopArt head with its own statistics.
     """
 
     def __init__(
@@ -120,6 +137,8 @@ class StructuredActorCritic(nn.Module):
         critic_hidden_sizes: Sequence[int] | None = None,
         core: str = "none",
         lstm_hidden_size: int = 256,
+        normalize_obs: bool = False,
+        popart_beta: float | None = None,
     ):
         super().__init__()
         if core not in CORES:
@@ -198,6 +217,7 @@ class StructuredActorCritic(nn.Module):
                         ),
                         precision,
                         head_in,
+                        popart_beta,
                     )
                     for k in self.step_keys
                 }
@@ -210,7 +230,14 @@ class StructuredActorCritic(nn.Module):
             self._obs_dims = dims
             self._shared_width = max(dims.values()) + len(self.step_keys)
             torso = MLPEncoder((self._shared_width,), critic_sizes, activation)
-            self.critics = nn.ModuleDict({"0": ValueNet(torso, precision)})
+            self.critics = nn.ModuleDict({"0": ValueNet(torso, precision, None, popart_beta)})
+        self.obs_norms: nn.ModuleDict | None = None
+        if normalize_obs:
+            if encoder != "mlp":
+                raise ValueError(f"normalize_obs needs encoder=mlp, got encoder={encoder!r}")
+            self.obs_norms = nn.ModuleDict(
+                {str(k): RunningObsNorm(observation_spaces[k].shape) for k in self.step_keys}
+            )
         self.core: LSTMCore | None = None
         if core != "none":
             widths = {k: self._policy_net(k).torso.out_features for k in self.step_keys}
@@ -238,6 +265,15 @@ class StructuredActorCritic(nn.Module):
     def action_head(self, step_key: int) -> ActionHead:
         return self._policy_net(step_key).action_head
 
+    def normalized(self, step_key: int, obs: Tensor) -> Tensor:
+        """``obs`` as step key ``step_key``'s policy and critic read it (``normalize_obs``)."""
+        return obs if self.obs_norms is None else self.obs_norms[str(step_key)](obs)
+
+    def popart_heads(self) -> dict[int, PopArtValueHead]:
+        """The PopArt head of each critic key (empty without PopArt)."""
+        heads = {c: self.critics[str(c)].head for c in self.critic_keys}
+        return {c: h for c, h in heads.items() if isinstance(h, PopArtValueHead)}
+
     def critic_key(self, step_key: int) -> int:
         """The critic that values step key ``step_key``'s observations."""
         return step_key if self.critic_mode == "per_step_key" else 0
@@ -248,12 +284,13 @@ class StructuredActorCritic(nn.Module):
         """The action distribution of step key ``step_key`` for ``obs [*batch, *o_k]`` (a model
         without a core)."""
         self._no_core("policy")
-        return self._policy_net(step_key)(obs, action_mask)
+        return self._policy_net(step_key)(self.normalized(step_key, obs), action_mask)
 
     def value(self, step_key: int, obs: Tensor) -> Tensor:
         """Values ``[*batch]`` of step key ``step_key``'s observations ``[*batch, *o_k]`` (a
         model without a core)."""
         self._no_core("value")
+        obs = self.normalized(step_key, obs)
         if self.critic_mode == "per_step_key":
             return self.critics[str(step_key)](obs)
         batch = obs.shape[: obs.ndim - len(self.observation_spaces[step_key].shape)]
@@ -279,7 +316,7 @@ class StructuredActorCritic(nn.Module):
         """Step key ``step_key``'s encoder features ``[*batch, F]`` (float32), the core's
         input."""
         net = self._policy_net(step_key)
-        return _encode(net.torso, obs, net.precision).float()
+        return _encode(net.torso, self.normalized(step_key, obs), net.precision).float()
 
     def heads(
         self, step_key: int, features: Tensor, action_mask: Tensor | None = None
