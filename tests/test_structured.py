@@ -282,8 +282,9 @@ def test_an_lstm_policy_reaches_the_example_envs_optimal_return(tmp_path, backen
     assert summary["best_eval_return"] == 2.0
 
 
-def test_a_structured_policy_with_a_core_is_refused_by_act(tmp_path):
-    impala_rl.train("multistep_example", [*FAST, *CORE, "max_env_steps=256"], run_dir=tmp_path)
+@pytest.mark.parametrize("overrides", [CORE, ["model.use_last_action_reward=true"]])
+def test_a_structured_policy_with_a_core_is_refused_by_act(tmp_path, overrides):
+    impala_rl.train("multistep_example", [*FAST, *overrides, "max_env_steps=256"], run_dir=tmp_path)
     policy = load_policy(tmp_path, which="last")
     env = ItemPlacementEnv()
     obs, _ = env.reset(seed=0)
@@ -402,6 +403,85 @@ def test_popart_per_critic_makes_the_policy_gradient_invariant_to_the_reward_sca
             torch.testing.assert_close(head.mu, small.popart_heads()[c].mu * 100)
 
 
+# -- last action and reward inputs, per agent ----------------------------------------------------
+
+LAST = ["model.use_last_action_reward=true"]
+
+
+def _check_last_inputs(model, slot) -> int:
+    """Row t of a column reads row t-1's action (in its key's block) and reward, unless row
+    t-1 ended the agent's episode (or row t is padding): then zeros. Returns the rows checked
+    with a previous decision."""
+    last, keys, checked = slot["last_inputs"], slot["step_key"], 0
+    for t in range(1, slot["valid"].shape[0] + 1):
+        for c in range(last.shape[1]):
+            expected = torch.zeros(last.shape[-1])
+            if slot["valid"][t - 1, c] and not slot["terminal"][t - 1, c]:
+                k = int(keys[t - 1, c])
+                action = slot[f"action_{k}"][t - 1, c].unsqueeze(0)
+                reward = slot["reward"][t - 1, c].unsqueeze(0)
+                expected = model.last_inputs(k, action, reward)[0]
+                checked += 1
+            torch.testing.assert_close(last[t, c], expected)
+    return checked
+
+
+@pytest.mark.parametrize(
+    "env_kwargs",
+    [{"length": 7, "truncate": True, "final_obs": True}, {"length": 1000}],
+)
+def test_last_inputs_are_the_agents_previous_action_and_reward_since(env_kwargs):
+    loop, spec, _, model = _scripted_loop(num_envs=2, T=6, model_overrides=LAST, **env_kwargs)
+    checked = 0
+    for _ in range(4):
+        slot = spec.allocate()
+        loop.unroll(slot)
+        checked += _check_last_inputs(model, slot)
+    assert checked > 50
+
+
+def test_last_inputs_of_a_multi_key_env_fill_the_block_of_the_previous_key():
+    model, slots = _example_unroll(LAST, unrolls=3)
+    assert model.extra_features == 3 + 4 + 1  # pick one of 3 items, one of 4 slots, reward
+    for slot in slots:
+        assert _check_last_inputs(model, slot) > 20
+        assert slot["last_inputs"][..., :3].sum() > 0 and slot["last_inputs"][..., 3:7].sum() > 0
+
+
+@pytest.mark.parametrize("core", [False, True])
+def test_last_inputs_let_the_learner_recompute_the_actors_log_probs(core):
+    from impala_rl.learner import forward_batch
+
+    overrides = [*LAST, *(CORE if core else [])]
+    loop, spec, _, model = _scripted_loop(
+        num_envs=2, T=6, model_overrides=overrides, length=7, truncate=True, final_obs=True
+    )
+    with torch.no_grad():  # weights on the extra inputs that matter
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    for _ in range(4):
+        slot = spec.allocate()
+        loop.unroll(slot)
+        valid = slot["valid"]
+        with torch.no_grad():
+            log_prob = forward_batch(model, slot).log_prob[:-1]
+            without = forward_batch(model, {**slot, "last_inputs": 0 * slot["last_inputs"]})
+        torch.testing.assert_close(
+            log_prob[valid], slot["behaviour_log_prob"][valid], atol=1e-5, rtol=0
+        )
+        assert not torch.allclose(without.log_prob[:-1][valid], log_prob[valid], atol=1e-4)
+
+
+def test_a_policy_reading_last_action_and_reward_reaches_the_example_envs_optimum(tmp_path):
+    summary = impala_rl.train(
+        "multistep_example",
+        [*FAST, *LAST, "seed=0", f"max_env_steps={EXAMPLE_BUDGET}"],
+        run_dir=tmp_path,
+    )
+    assert summary["stopped_because"] == "target_return", summary
+    assert summary["best_eval_return"] == 2.0
+
+
 # -- the protocol and the model ------------------------------------------------------------------
 
 
@@ -446,18 +526,6 @@ def test_model_per_key_spaces_and_shared_policy_needs_equal_spaces():
 def test_model_critic_choice_is_validated():
     with pytest.raises(ConfigError, match="model.critic.*per_step_key \\| shared"):
         load_config("multistep_example", ["model.critic=both"])
-
-
-@pytest.mark.parametrize(
-    "override, field",
-    [
-        (["model.use_last_action_reward=true"], "model.use_last_action_reward"),
-    ],
-)
-def test_model_options_of_plain_envs_are_refused_by_name(tmp_path, override, field):
-    cfg = load_config("multistep_example", [*FAST, *override])
-    with pytest.raises(ConfigError, match=f"{field}=.*not supported for structured envs"):
-        Trainer(cfg, run_dir=tmp_path).train()
 
 
 def test_bf16_and_a_shared_torso_are_accepted_on_structured_envs():

@@ -67,9 +67,10 @@ def evaluate(
     generator = torch.Generator(device="cpu").manual_seed(seed)
     wins: list[bool | None] = [None] * n_episodes
     stateful = not keyed and model.needs_inputs
-    if keyed and model.has_core:  # a state per agent of every env, reset with its episode
+    if keyed:  # a core state and last action/reward per agent of every env, reset with its episode
         agent_states = model.initial_state(n_episodes * envs.n_agents, device)
         agent_first = np.ones(n_episodes * envs.n_agents, dtype=bool)
+        agent_last = torch.zeros(n_episodes * envs.n_agents, model.extra_features)
     if stateful:  # the inputs a core or last action/reward carries from step to step
         head = model.action_head
         first = torch.ones(n_episodes, dtype=torch.bool, device=device)
@@ -94,22 +95,28 @@ def evaluate(
                     mask = envs.masks.get(k)
                     mask_t = None if mask is None else torch.as_tensor(mask[idx], device=device)
                     head = model.action_head(k)
+                    agents = idx * envs.n_agents + envs.agent_id[idx]
+                    extra = None
+                    if model.use_last_action_reward:  # zero at an agent's first decision
+                        unset = torch.as_tensor(agent_first[agents]).unsqueeze(-1)
+                        extra = agent_last[agents].masked_fill(unset, 0.0).to(device)
                     if model.has_core:
-                        agents = idx * envs.n_agents + envs.agent_id[idx]
                         cols = torch.as_tensor(agents, device=device)
                         h, c = agent_states
                         first_t = torch.as_tensor(agent_first[agents], device=device)
                         dist, (h[:, cols], c[:, cols]) = model.act(
-                            k, obs, mask_t, first_t, (h[:, cols], c[:, cols])
+                            k, obs, mask_t, first_t, (h[:, cols], c[:, cols]), extra
                         )
-                        agent_first[agents] = False
                     else:
-                        dist = model.policy(k, obs, mask_t)
+                        dist = model.policy(k, obs, mask_t, extra)
+                    agent_first[agents] = False
                 elif stateful:
                     dist, state = model.act(obs, first, state, last_action, last_reward)
                 else:
                     dist, head = model.policy(obs), model.action_head
                 action = dist.mode() if deterministic else dist.sample(generator)
+                if keyed and model.use_last_action_reward:  # the reward since: summed below
+                    agent_last[agents] = model.last_inputs(k, action.cpu(), torch.zeros(idx.size))
                 env_actions = head.to_env(action.cpu())
                 if every:
                     actions = env_actions
@@ -124,7 +131,9 @@ def evaluate(
                 if running[i] and "win" in info:
                     wins[i] = bool(info["win"])
             done = np.logical_or(terminated, truncated)
-            if keyed and model.has_core:
+            if keyed:
+                if model.use_last_action_reward:
+                    agent_last[:, -1] += torch.as_tensor(reward, dtype=torch.float32).reshape(-1)
                 for i in np.flatnonzero(done):
                     agent_first[i * envs.n_agents : (i + 1) * envs.n_agents] = True
             if stateful:  # envs autoreset: a finished env starts a new (uncounted) episode

@@ -148,11 +148,16 @@ def forward_batch(
     step_key = batch["step_key"]
     rows_of = {k: (step_key == k).nonzero(as_tuple=True) for k in model.step_keys}
     rows_of = {k: rows for k, rows in rows_of.items() if rows[0].numel()}
+    last = batch.get("last_inputs")  # [T+1, B, E]: the agent's previous action and reward
+
+    def extra(rows: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+        return None if last is None else last[rows]
+
     core_out = None
     if model.core is not None:  # each key's features in place, the core along every column
         features = None
         for k, rows in rows_of.items():
-            encoded = model.encode(k, batch[f"obs_{k}"][rows])
+            encoded = model.encode(k, batch[f"obs_{k}"][rows], extra(rows))
             if features is None:
                 features = encoded.new_zeros((*step_key.shape, encoded.shape[-1]))
             features = features.index_put(rows, encoded)
@@ -164,7 +169,8 @@ def forward_batch(
         mask = batch[f"action_mask_{k}"][rows] if f"action_mask_{k}" in batch else None
         if core_out is None:
             obs = batch[f"obs_{k}"][rows]
-            dist, key_value = model.policy(k, obs, mask), model.value(k, obs)
+            dist = model.policy(k, obs, mask, extra(rows))
+            key_value = model.value(k, obs, extra(rows))
         else:
             dist, key_value = model.heads(k, core_out[rows], mask)
         log_prob = log_prob.index_put(rows, dist.log_prob(batch[f"action_{k}"][rows]))

@@ -355,6 +355,10 @@ class StructuredRolloutSpec:
                                                       first decision of an episode
     ``core_h``, ``core_c``      ``[1, N, H]``         (a model with a core) the agent's core
                                                       state before row 0
+    ``last_inputs``             ``[T+1, N, E]``       (``use_last_action_reward``) the agent's
+                                                      previous action and reward before row t
+                                                      (``StructuredActorCritic.last_inputs``),
+                                                      zero at its first decision of an episode
     ``policy_version``          ``[N]``               learner update count of the policy
     ``actor_index``             ``[N]``               which actor filled the column
     ==========================  ====================  =========================================
@@ -374,6 +378,7 @@ class StructuredRolloutSpec:
     actions: tuple[tuple[int, tuple[int, ...], torch.dtype], ...]
     masks: tuple[tuple[int, int], ...]  # (key, n)
     core_state_size: int = 0
+    last_inputs_size: int = 0
 
     def field_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         T, N = self.T, self.N
@@ -401,6 +406,8 @@ class StructuredRolloutSpec:
             fields["first"] = ((T + 1, N), torch.bool)
             fields["core_h"] = ((1, N, H), torch.float32)
             fields["core_c"] = ((1, N, H), torch.float32)
+        if self.last_inputs_size:
+            fields["last_inputs"] = ((T + 1, N, self.last_inputs_size), torch.float32)
         return fields
 
     def allocate(self, share_memory: bool = False) -> dict[str, torch.Tensor]:
@@ -423,7 +430,9 @@ def structured_spec_for(model: StructuredActorCritic, T: int, N: int) -> Structu
     )
     masks = tuple((k, n) for k, n in sorted(model.mask_sizes.items()) if n is not None)
     core = 0 if model.core is None else model.core.hidden_size
-    return StructuredRolloutSpec(T, N * model.n_agents, obs, actions, masks, core)
+    return StructuredRolloutSpec(
+        T, N * model.n_agents, obs, actions, masks, core, model.extra_features
+    )
 
 
 @dataclass
@@ -440,6 +449,7 @@ class Decision:
     age: int = 0  # the actor's sub-step count when it was taken: the oldest chunk goes first
     first: bool = False  # the agent's first decision of an episode (a model with a core)
     core_state: tuple[torch.Tensor, torch.Tensor] | None = None  # (h, c) [H] before it
+    last_inputs: torch.Tensor | None = None  # [E] the agent's previous action and reward
 
 
 class StructuredActorLoop:
@@ -500,6 +510,15 @@ class StructuredActorLoop:
             self.closed[column].append(decision)
             self.open[column] = None
 
+    def _last_inputs(self, stream: int) -> torch.Tensor:
+        """What ``stream``'s next decision reads of its open one (action, reward since), zero
+        at its first decision of an episode."""
+        decision = self.open[stream]
+        if self.first[stream] or decision is None or decision.action is None:
+            return torch.zeros(self.model.extra_features)
+        action = decision.action.unsqueeze(0)
+        return self.model.last_inputs(decision.key, action, torch.tensor([decision.reward]))[0]
+
     def _substep(self, returns: list[float], lengths: list[int]) -> None:
         """Every env's current actor decides and its env steps once."""
         envs, model, A = self.envs, self.model, self.n_agents
@@ -511,14 +530,17 @@ class StructuredActorLoop:
             obs = torch.from_numpy(envs.obs[k][idx])
             mask = torch.from_numpy(envs.masks[k][idx]) if k in envs.masks else None
             streams = idx * A + envs.agent_id[idx]
+            extra = None
+            if model.use_last_action_reward:
+                extra = torch.stack([self._last_inputs(int(s)) for s in streams])
             state = self.core_state
             if state is None:
-                dist = model.policy(k, obs, mask)
+                dist = model.policy(k, obs, mask, extra)
             else:
                 cols = torch.from_numpy(streams)
                 before = (state[0][:, cols], state[1][:, cols])
                 first = torch.from_numpy(self.first[streams])
-                dist, after = model.act(k, obs, mask, first, before)
+                dist, after = model.act(k, obs, mask, first, before, extra)
                 state[0][:, cols], state[1][:, cols] = after
             action = dist.sample(self.generator)
             log_prob = dist.log_prob(action).float().numpy()
@@ -536,6 +558,7 @@ class StructuredActorLoop:
                     age=self.substeps,
                     first=bool(self.first[column]),
                     core_state=None if state is None else (before[0][0, j], before[1][0, j]),
+                    last_inputs=None if extra is None else extra[j],
                 )
             self.first[streams] = False
         acting = envs.agent_id.copy()
@@ -552,10 +575,20 @@ class StructuredActorLoop:
                 finals = envs.final_obs.get(i, {})
                 for a in range(A):
                     final = finals.get(a) if trunc[i] and self.open[i * A + a] else None
+                    last_inputs = None
+                    if final is not None and model.use_last_action_reward:
+                        last_inputs = self._last_inputs(i * A + a)
                     self._close(i * A + a, terminal=final is None)
                     if final is not None:
                         key, obs, mask = final
-                        final_row = Decision(key, obs, mask, terminal=True, age=self.substeps)
+                        final_row = Decision(
+                            key,
+                            obs,
+                            mask,
+                            terminal=True,
+                            age=self.substeps,
+                            last_inputs=last_inputs,
+                        )
                         if self.core_state is not None:  # continues the agent's sequence
                             h, c = self.core_state
                             final_row.core_state = (
@@ -584,6 +617,8 @@ class StructuredActorLoop:
             if d.action is not None:
                 slot[f"action_{d.key}"][t, column] = d.action
             staged["step_key"][t, column] = d.key
+            if d.last_inputs is not None:
+                slot["last_inputs"][t, column] = d.last_inputs
             if "first" in staged:
                 staged["first"][t, column] = d.first
                 if t == 0:
@@ -604,7 +639,7 @@ class StructuredActorLoop:
         while sum(len(q) // T for q in self.closed) < C:
             self._substep(returns, lengths)
         for name, value in slot.items():
-            if name.startswith(("obs_", "action_")):
+            if name.startswith(("obs_", "action_")) or name == "last_inputs":
                 value.zero_()
             if name.startswith("action_mask_"):
                 value.fill_(True)

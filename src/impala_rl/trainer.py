@@ -630,9 +630,10 @@ class Policy:
             step_key = next(iter(keys))
         if step_key not in keys:
             raise ValueError(f"step_key={step_key!r} is not one of {sorted(keys)}")
-        if self.model.has_core:
+        if self.model.has_core or self.model.use_last_action_reward:
+            what = "a core" if self.model.has_core else "last action/reward inputs"
             raise ValueError(
-                "a structured policy with a core keeps a state per agent, which act() does "
+                f"a structured policy with {what} keeps a state per agent, which act() does "
                 "not track; use impala_rl.evaluation.evaluate (or `impala eval`)"
             )
         x, mask = keys[step_key](obs)

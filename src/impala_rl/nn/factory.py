@@ -49,14 +49,6 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
         return build_model(model_cfg, env.observation_space, env.action_space)
     check_structured_env(env)
     converters = {k: KeyObservation(s, k) for k, s in env.observation_spaces.items()}
-    unsupported = {
-        "model.use_last_action_reward": (model_cfg.use_last_action_reward, False),
-    }
-    for field, (value, valid) in unsupported.items():
-        if value != valid:
-            raise ConfigError(
-                f"{field}={value!r} is not supported for structured envs yet; valid: {valid!r}"
-            )
     try:
         model = StructuredActorCritic(
             {k: c.space for k, c in converters.items()},
@@ -77,6 +69,7 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
             lstm_hidden_size=model_cfg.lstm_hidden_size,
             normalize_obs=model_cfg.normalize_obs,
             popart_beta=model_cfg.popart_beta if model_cfg.popart else None,
+            use_last_action_reward=model_cfg.use_last_action_reward,
         )
     except ValueError as exc:
         raise ConfigError(f"model (structured env): {exc}") from None

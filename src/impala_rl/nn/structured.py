@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from impala_rl.nn.actor_critic import action_feature_size, encode_actions
 from impala_rl.nn.core import CORES, CoreState, LSTMCore
 from impala_rl.nn.distributions import (
     ActionDistribution,
@@ -41,6 +42,11 @@ def _encode(torso: nn.Module, obs: Tensor, precision: str) -> Tensor:
         return torso(obs).float()
 
 
+def _with(features: Tensor, extra: Tensor | None) -> Tensor:
+    """``features [*batch, F]`` followed by the last action/reward inputs, if any."""
+    return features if extra is None else torch.cat([features, extra], dim=-1)
+
+
 class PolicyNet(nn.Module):
     """Encoder and action head for one step key's observation ``[*batch, *o_k]``."""
 
@@ -53,17 +59,20 @@ class PolicyNet(nn.Module):
         encoder: str,
         precision: str = "fp32",
         head_in: int | None = None,
+        extra_in: int = 0,
     ):
         super().__init__()
         self.precision = precision
         self.obs_shape = tuple(observation_space.shape)
         self.torso = make_encoder(encoder, self.obs_shape, hidden_sizes, activation)
         self.action_head: ActionHead = make_action_head(
-            action_space, head_in or self.torso.out_features
+            action_space, (head_in or self.torso.out_features) + extra_in
         )
 
-    def forward(self, obs: Tensor, action_mask: Tensor | None = None) -> ActionDistribution:
-        return self.head(_encode(self.torso, obs, self.precision), action_mask)
+    def forward(
+        self, obs: Tensor, action_mask: Tensor | None = None, extra: Tensor | None = None
+    ) -> ActionDistribution:
+        return self.head(_with(_encode(self.torso, obs, self.precision), extra), action_mask)
 
     def head(self, features: Tensor, action_mask: Tensor | None = None) -> ActionDistribution:
         """The action distribution for ``features [*batch, F]`` (the torso's or the core's)."""
@@ -84,22 +93,24 @@ class ValueNet(nn.Module):
         precision: str = "fp32",
         head_in: int | None = None,
         popart_beta: float | None = None,
+        extra_in: int = 0,
     ):
         super().__init__()
         self.torso = torso
         self.precision = precision
         self.head: nn.Linear | PopArtValueHead
+        features = (head_in or torso.out_features) + extra_in
         if popart_beta is None:
-            self.head = out = nn.Linear(head_in or torso.out_features, 1)
+            self.head = out = nn.Linear(features, 1)
         else:
-            self.head = PopArtValueHead(head_in or torso.out_features, popart_beta)
+            self.head = PopArtValueHead(features, popart_beta)
             out = self.head.linear
         nn.init.orthogonal_(out.weight, gain=1.0)
         nn.init.zeros_(out.bias)
         setattr(out, VALUE_HEAD, True)
 
-    def forward(self, obs: Tensor) -> Tensor:
-        return self.head(_encode(self.torso, obs, self.precision)).squeeze(-1)
+    def forward(self, obs: Tensor, extra: Tensor | None = None) -> Tensor:
+        return self.head(_with(_encode(self.torso, obs, self.precision), extra)).squeeze(-1)
 
 
 class StructuredActorCritic(nn.Module):
@@ -117,6 +128,10 @@ class StructuredActorCritic(nn.Module):
     statistics per step key (:class:`~impala_rl.nn.normalization.RunningObsNorm`, updated by
     the learner) and normalizes each key's observations before its policy and critic;
     ``popart_beta`` gives every critic a PopArt head with its own statistics.
+    ``use_last_action_reward`` feeds every head (or the core) the agent's previous decision
+    next to the features: its action one-hot (or flat) in the block of its step key, zeros in
+    the other keys' blocks, and the agent's clipped reward since then (:meth:`last_inputs`;
+    zero at an agent's first decision of an episode).
     """
 
     def __init__(
@@ -139,6 +154,7 @@ class StructuredActorCritic(nn.Module):
         lstm_hidden_size: int = 256,
         normalize_obs: bool = False,
         popart_beta: float | None = None,
+        use_last_action_reward: bool = False,
     ):
         super().__init__()
         if core not in CORES:
@@ -167,7 +183,15 @@ class StructuredActorCritic(nn.Module):
         if critic not in CRITIC_MODES:
             raise ValueError(f"critic must be one of {', '.join(CRITIC_MODES)}, got {critic!r}")
         self.critic_mode = critic
+        self.use_last_action_reward = bool(use_last_action_reward)
+        self._action_offsets: dict[int, int] = {}
+        width = 0
+        for k in self.step_keys:
+            self._action_offsets[k] = width
+            width += action_feature_size(action_spaces[k])
+        self.extra_features = width + 1 if self.use_last_action_reward else 0
         head_in = lstm_hidden_size if core != "none" else None
+        extra_in = self.extra_features if core == "none" else 0  # else the core reads them
         if self.shared_policy:
             k0 = self.step_keys[0]
             for k in self.step_keys[1:]:
@@ -188,6 +212,7 @@ class StructuredActorCritic(nn.Module):
                 encoder,
                 precision,
                 head_in,
+                extra_in,
             )
             self.policies = nn.ModuleDict({"0": net})
         else:
@@ -201,6 +226,7 @@ class StructuredActorCritic(nn.Module):
                         encoder,
                         precision,
                         head_in,
+                        extra_in,
                     )
                     for k in self.step_keys
                 }
@@ -218,6 +244,7 @@ class StructuredActorCritic(nn.Module):
                         precision,
                         head_in,
                         popart_beta,
+                        extra_in,
                     )
                     for k in self.step_keys
                 }
@@ -230,7 +257,9 @@ class StructuredActorCritic(nn.Module):
             self._obs_dims = dims
             self._shared_width = max(dims.values()) + len(self.step_keys)
             torso = MLPEncoder((self._shared_width,), critic_sizes, activation)
-            self.critics = nn.ModuleDict({"0": ValueNet(torso, precision, None, popart_beta)})
+            self.critics = nn.ModuleDict(
+                {"0": ValueNet(torso, precision, None, popart_beta, extra_in)}
+            )
         self.obs_norms: nn.ModuleDict | None = None
         if normalize_obs:
             if encoder != "mlp":
@@ -246,7 +275,8 @@ class StructuredActorCritic(nn.Module):
                     f"core={core!r} needs every step key's encoder to give features of one "
                     f"width, got {widths}"
                 )
-            self.core = LSTMCore(next(iter(widths.values())), lstm_hidden_size)
+            width = next(iter(widths.values())) + self.extra_features
+            self.core = LSTMCore(width, lstm_hidden_size)
         if channels_last:
             for module in self.modules():
                 if module is not self and hasattr(module, "use_channels_last"):
@@ -278,28 +308,54 @@ class StructuredActorCritic(nn.Module):
         """The critic that values step key ``step_key``'s observations."""
         return step_key if self.critic_mode == "per_step_key" else 0
 
+    def last_inputs(self, step_key: int, action: Tensor, reward: Tensor) -> Tensor:
+        """What an agent's next decision reads of this one (``use_last_action_reward``): its
+        action ``[B, *a_k]`` in step key ``step_key``'s block and the agent's summed reward
+        since ``[B]`` (clipped to [-1, 1] where read), as ``[B, extra_features]``."""
+        out = torch.zeros(action.shape[0], self.extra_features)
+        features = encode_actions(self.action_head(step_key), action)
+        start = self._action_offsets[step_key]
+        out[:, start : start + features.shape[-1]] = features
+        out[:, -1] = reward.float()
+        return out
+
+    def _extra(self, extra: Tensor | None, obs: Tensor) -> Tensor | None:
+        """The last action/reward inputs as the heads read them (reward clipped)."""
+        if not self.use_last_action_reward:
+            return None
+        if extra is None:
+            raise ValueError("use_last_action_reward needs the last action/reward inputs")
+        extra = extra.to(obs.device, torch.float32)
+        return torch.cat([extra[..., :-1], extra[..., -1:].clamp(-1.0, 1.0)], dim=-1)
+
     def policy(
-        self, step_key: int, obs: Tensor, action_mask: Tensor | None = None
+        self,
+        step_key: int,
+        obs: Tensor,
+        action_mask: Tensor | None = None,
+        extra: Tensor | None = None,
     ) -> ActionDistribution:
         """The action distribution of step key ``step_key`` for ``obs [*batch, *o_k]`` (a model
-        without a core)."""
+        without a core); ``extra [*batch, E]``: :meth:`last_inputs` (``use_last_action_reward``)."""
         self._no_core("policy")
-        return self._policy_net(step_key)(self.normalized(step_key, obs), action_mask)
+        net = self._policy_net(step_key)
+        return net(self.normalized(step_key, obs), action_mask, self._extra(extra, obs))
 
-    def value(self, step_key: int, obs: Tensor) -> Tensor:
+    def value(self, step_key: int, obs: Tensor, extra: Tensor | None = None) -> Tensor:
         """Values ``[*batch]`` of step key ``step_key``'s observations ``[*batch, *o_k]`` (a
         model without a core)."""
         self._no_core("value")
+        extra = self._extra(extra, obs)
         obs = self.normalized(step_key, obs)
         if self.critic_mode == "per_step_key":
-            return self.critics[str(step_key)](obs)
+            return self.critics[str(step_key)](obs, extra)
         batch = obs.shape[: obs.ndim - len(self.observation_spaces[step_key].shape)]
         flat = obs.reshape(*batch, -1).to(torch.float32)
         pad = self._shared_width - flat.shape[-1] - len(self.step_keys)
         one_hot = torch.zeros(*batch, len(self.step_keys), dtype=flat.dtype, device=flat.device)
         one_hot[..., self.step_keys.index(step_key)] = 1.0
         padded = torch.nn.functional.pad(flat, (0, pad))
-        return self.critics["0"](torch.cat([padded, one_hot], dim=-1))
+        return self.critics["0"](torch.cat([padded, one_hot], dim=-1), extra)
 
     # -- the core: an agent's decisions as one sequence --------------------------------------
     @property
@@ -312,11 +368,12 @@ class StructuredActorCritic(nn.Module):
         """The core state at an episode start, ``(h, c)`` each ``[1, B, H]``; None: no core."""
         return None if self.core is None else self.core.initial_state(batch_size, device)
 
-    def encode(self, step_key: int, obs: Tensor) -> Tensor:
-        """Step key ``step_key``'s encoder features ``[*batch, F]`` (float32), the core's
-        input."""
+    def encode(self, step_key: int, obs: Tensor, extra: Tensor | None = None) -> Tensor:
+        """Step key ``step_key``'s encoder features ``[*batch, F]`` (float32), followed by the
+        last action/reward inputs when the model reads them: the core's input."""
         net = self._policy_net(step_key)
-        return _encode(net.torso, self.normalized(step_key, obs), net.precision).float()
+        features = _encode(net.torso, self.normalized(step_key, obs), net.precision).float()
+        return _with(features, self._extra(extra, obs))
 
     def heads(
         self, step_key: int, features: Tensor, action_mask: Tensor | None = None
@@ -334,12 +391,13 @@ class StructuredActorCritic(nn.Module):
         action_mask: Tensor | None,
         first: Tensor,
         core_state: CoreState,
+        extra: Tensor | None = None,
     ) -> tuple[ActionDistribution, CoreState]:
         """One decision of ``B`` agents whose step key is ``step_key`` (a model with a core):
         ``obs [B, *o_k]``, ``first [B]`` (the agent's first decision of an episode: the state
         resets), ``core_state`` the agents' states ``(h, c)`` each ``[1, B, H]``."""
         assert self.core is not None, "act() needs a core; use policy()"
-        features = self.encode(step_key, obs).unsqueeze(0)
+        features = self.encode(step_key, obs, extra).unsqueeze(0)
         y, state = self.core(features, first.reshape(1, -1), core_state)
         return self._policy_net(step_key).head(y[0], action_mask), state
 
