@@ -32,6 +32,7 @@ import impala_rl
 from impala_rl.config import load_config
 from impala_rl.envs import EnvFactory, make_vector_env
 from impala_rl.learner import Learner
+from impala_rl.malloc import keep_freed_memory
 from impala_rl.nn.factory import build_model
 
 CORES = 2
@@ -40,7 +41,11 @@ CORES = 2
 def per_step_costs(overrides: list[str]) -> dict[str, float]:
     torch.set_num_threads(1)
     cfg = load_config("pong", overrides)
-    factory = EnvFactory(cfg.env.id, cfg.env.kwargs)
+    if cfg.runner.keep_freed_memory:  # as the trainer sets up its learner process
+        keep_freed_memory()
+    # One stepping thread: the bound counts CPU time, which the preset's vector_threads spreads.
+    kwargs = {**cfg.env.kwargs, "vector_threads": 1} if "vector_threads" in cfg.env.kwargs else {}
+    factory = EnvFactory(cfg.env.id, kwargs or cfg.env.kwargs)
     env = factory()
     n = cfg.algorithm.envs_per_actor
     envs = make_vector_env(factory, n)  # as one actor steps them (env.kwargs.vector)

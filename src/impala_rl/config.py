@@ -224,6 +224,10 @@ class RunnerConfig:
     learner_threads: int | None = None
     """Torch intra-op threads of the learner process (``null``: the cores not used by actor
     processes, at least 1). Small models learn fastest with 1."""
+    keep_freed_memory: bool = True
+    """Learner process on Linux/glibc: serve allocations up to 32 MB from the heap and keep
+    freed memory instead of returning it to the OS, so each update does not page-fault its
+    activations again (the `pong` learner's update: ~15-25% less time; RSS stays at its peak)."""
     shutdown_timeout_s: float = 10.0
     """Seconds to wait for actors to stop before they are terminated, then killed."""
     ray_address: str | None = None

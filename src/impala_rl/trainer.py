@@ -34,6 +34,7 @@ from impala_rl.evaluation import (
 )
 from impala_rl.events import ImpalaEvents, RunEvents
 from impala_rl.learner import Learner, NonFiniteError, load_optimizer_state, scheduled_lr
+from impala_rl.malloc import keep_freed_memory
 from impala_rl.nn import ActorCritic
 from impala_rl.nn.factory import build_model_for_env
 from impala_rl.stats import EpochStatsAggregator, EventRecorder
@@ -134,6 +135,8 @@ class Trainer:
         cfg = self.cfg
         seed_everything(cfg.seed)
         torch.set_num_threads(learner_threads(cfg))
+        if cfg.runner.keep_freed_memory:
+            keep_freed_memory()
         self.env_factory: EnvFactory = make_env_factory(cfg.env)
         probe = self.env_factory()
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
