@@ -132,7 +132,7 @@ def test_self_play_batch_trains_one_shared_policy_on_both_agents():
         learner = Learner(copy.deepcopy(model), cfg.algorithm)
         learner.update(batch)
         moved = [
-            (a.detach() - b).abs().sum()
+            (a - b).detach().abs().sum()
             for a, b in zip(learner.model.policy_parameters(0), params, strict=True)
         ]
         return float(sum(moved))
