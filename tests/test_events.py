@@ -74,7 +74,6 @@ CANNOT_OCCUR = {
     "actor_restarts": "only the subprocess and ray backends restart dead actors",
     "lost_rollouts": "only the ray backend loses rollouts with dead actors",
     "eval_win_rate": "only games that report info['win'] (structured envs) have a win rate",
-    "padding_share": "only structured batches have padding rows (tested in test_structured.py)",
 }
 
 

@@ -135,6 +135,11 @@ def _scripted_loop(num_envs=2, T=5, model_overrides=(), **kwargs):
     return loop, spec, envs, model
 
 
+def _decision_rows(spec):
+    """Every ``(t, c)`` of rows 0..T-1: each is a decision that trains."""
+    return [(t, c) for t in range(spec.T) for c in range(spec.N)]
+
+
 def _rows(slot, t, c):
     """``(agent, sub-step, serial)`` of row ``t`` of column ``c``."""
     return tuple(int(x) for x in slot["obs_0"][t, c])
@@ -149,7 +154,7 @@ def test_every_decision_over_several_unrolls_is_trained_exactly_once():
         for c in range(spec.N):  # a column is a stretch of one agent's stream in one env
             rows = [_rows(slot, t, c) for t in range(spec.T)]
             assert len({(agent, serial // 10_000) for agent, _, serial in rows}) == 1
-        for t, c in slot["valid"].nonzero().tolist():
+        for t, c in _decision_rows(spec):
             agent, _, serial = _rows(slot, t, c)
             trained.append((agent, serial))
     taken = {(a, serial) for env in envs for a, serial in env.taken}
@@ -170,7 +175,7 @@ def test_a_segment_across_the_unroll_boundary_gets_the_reward_after_it():
     for _ in range(10):
         slot = spec.allocate()
         loop.unroll(slot)
-        for t, c in slot["valid"].nonzero().tolist():
+        for t, c in _decision_rows(spec):
             agent, s, serial = _rows(slot, t, c)
             assert float(slot["reward"][t, c]) == envs[0].segment_reward(agent, s)
             if serial in open_bootstraps:
@@ -183,25 +188,29 @@ def test_a_segment_across_the_unroll_boundary_gets_the_reward_after_it():
 
 @pytest.mark.parametrize("final_obs", [True, False])
 def test_truncation_bootstraps_from_the_agents_final_observation(final_obs):
-    loop, spec, envs, _ = _scripted_loop(num_envs=1, T=6, truncate=True, final_obs=final_obs)
+    loop, spec, envs, model = _scripted_loop(num_envs=1, T=6, truncate=True, final_obs=final_obs)
     seen = 0
     for _ in range(4):
         slot = spec.allocate()
         loop.unroll(slot)
-        for t, c in slot["valid"].nonzero().tolist():
+        for t, c in _decision_rows(spec):
             agent, s, _ = _rows(slot, t, c)
-            if (
-                envs[0].segment_reward(agent, s)
-                != sum(envs[0].reward(u, agent) for u in range(s, envs[0].length))
-                or t == spec.T - 1
-            ):
-                continue  # not the agent's last decision of the episode (or no row after)
+            last = envs[0].segment_reward(agent, s) == sum(
+                envs[0].reward(u, agent) for u in range(s, envs[0].length)
+            )
+            truncated, terminated = bool(slot["truncated"][t, c]), bool(slot["terminated"][t, c])
+            if not last:  # the agent decides again in this episode: bootstrap from that row
+                assert not truncated and not terminated
+                continue
             seen += 1
-            if final_obs:  # discount gamma, and the next row is the final observation
-                assert not bool(slot["terminal"][t, c]) and not bool(slot["valid"][t + 1, c])
-                assert _rows(slot, t + 1, c) == (agent, envs[0].length, -1)
+            if final_obs:  # the value of the agent's own final observation, by the actor
+                assert truncated and not terminated
+                final = torch.tensor([[agent, envs[0].length, -1]], dtype=torch.float32)
+                with torch.no_grad():
+                    expected = float(model.value(0, final)[0])
+                assert float(slot["truncation_value"][t, c]) == pytest.approx(expected, abs=1e-6)
             else:  # an env without final observations: truncation is termination
-                assert bool(slot["terminal"][t, c])
+                assert terminated and not truncated
     assert seen >= 3
 
 
@@ -214,7 +223,7 @@ def test_agents_acting_at_different_rates_train_without_deadlock():
         result = loop.unroll(slot)
         stats = learner.update(slot)
         assert np.isfinite(stats.total_loss) and result.env_steps > 0
-        assert slot["valid"].all() and stats.padding_share == 0.0  # nobody waits padded
+        assert np.isfinite(stats.policy_loss[0])
         agents += slot["obs_0"][0, :, 0].tolist()
         # agent 0, deciding twice as often, fills twice the columns of agent 1
         assert max(len(q) for q in loop.closed) < 3 * spec.T  # queues stay bounded
@@ -229,7 +238,7 @@ CORE = ["model.core=lstm", "model.shared_torso=true", "model.lstm_hidden_size=64
 @pytest.mark.parametrize(
     "env_kwargs",
     [
-        {"length": 7, "truncate": True, "final_obs": True},  # bootstrap rows at truncation
+        {"length": 7, "truncate": True, "final_obs": True},  # truncation values along columns
         {"length": 1000},  # agents at different rates, columns cut mid-episode
     ],
 )
@@ -243,13 +252,10 @@ def test_a_core_columns_stored_state_reproduces_the_actors_log_probs(env_kwargs)
     for _ in range(5):
         slot = spec.allocate()
         loop.unroll(slot)
-        valid = slot["valid"]
         assert slot["core_h"].abs().sum() > 0 or _ == 0
         with torch.no_grad():
             log_prob = forward_batch(model, slot).log_prob[:-1]
-        torch.testing.assert_close(
-            log_prob[valid], slot["behaviour_log_prob"][valid], atol=1e-5, rtol=0
-        )
+        torch.testing.assert_close(log_prob, slot["behaviour_log_prob"], atol=1e-5, rtol=0)
 
 
 def test_a_core_state_is_per_agent_in_self_play():
@@ -263,12 +269,9 @@ def test_a_core_state_is_per_agent_in_self_play():
     for _ in range(4):
         slot = spec.allocate()
         loop.unroll(slot)
-        valid = slot["valid"]
         with torch.no_grad():
             log_prob = forward_batch(model, slot).log_prob[:-1]
-        torch.testing.assert_close(
-            log_prob[valid], slot["behaviour_log_prob"][valid], atol=1e-5, rtol=0
-        )
+        torch.testing.assert_close(log_prob, slot["behaviour_log_prob"], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("backend", ["sequential", "subprocess"])
@@ -311,14 +314,15 @@ def _example_unroll(overrides, T=8, num_envs=4, unrolls=1):
 
 
 def test_observation_statistics_per_step_key_are_those_of_every_trained_decision(tmp_path):
-    """normalize_obs: each step key's statistics are those of the observations of its valid
-    rows (no padding, no bootstrap row), saved with the weights, used by load_policy."""
+    """normalize_obs: each step key's statistics are those of the observations of its
+    decisions (rows 0..T-1, not the bootstrap row), saved with the weights, used by
+    load_policy."""
     seen: dict[int, list[torch.Tensor]] = {0: [], 1: []}
     update = Learner.update
 
     def recording_update(self, batch, train_policy=True, fresh=True):
         for k in seen:
-            rows = batch["valid"] & (batch["step_key"][:-1] == k)
+            rows = batch["step_key"][:-1] == k
             seen[k].append(batch[f"obs_{k}"][:-1][rows].double().clone())
         return update(self, batch, train_policy=train_policy, fresh=fresh)
 
@@ -355,15 +359,14 @@ def test_the_actor_and_the_learner_read_the_same_normalized_observations():
     slot = rollout_spec_for(model, None, 8, 4).allocate()  # type: ignore[arg-type]
     loop.unroll(slot)
     loop.close()
-    valid = slot["valid"]
     with torch.no_grad():
         log_prob = forward_batch(model, slot).log_prob[:-1]
         for norm in model.obs_norms.values():
             norm.mean.zero_()
             norm.var.fill_(1.0)
         unnormalized = forward_batch(model, slot).log_prob[:-1]
-    torch.testing.assert_close(log_prob[valid], slot["behaviour_log_prob"][valid])
-    assert not torch.allclose(unnormalized[valid], slot["behaviour_log_prob"][valid], atol=1e-3)
+    torch.testing.assert_close(log_prob, slot["behaviour_log_prob"])
+    assert not torch.allclose(unnormalized, slot["behaviour_log_prob"], atol=1e-3)
 
 
 def _policy_grads(model, batch) -> list[torch.Tensor]:
@@ -379,7 +382,7 @@ def test_popart_per_critic_makes_the_policy_gradient_invariant_to_the_reward_sca
     without PopArt the same rescaling changes it. Each critic keeps its own statistics."""
     torch.manual_seed(1)
     small, (batch,) = _example_unroll([f"model.popart={popart}"])
-    assert batch["reward"][batch["valid"]].abs().sum() > 0
+    assert batch["reward"].abs().sum() > 0
     heads = small.popart_heads()
     assert sorted(heads) == ([0, 1] if popart else [])
     for head in heads.values():
@@ -410,13 +413,14 @@ LAST = ["model.use_last_action_reward=true"]
 
 def _check_last_inputs(model, slot) -> int:
     """Row t of a column reads row t-1's action (in its key's block) and reward, unless row
-    t-1 ended the agent's episode (or row t is padding): then zeros. Returns the rows checked
-    with a previous decision."""
+    t-1 ended the agent's episode (terminated or truncated): then zeros. Returns the rows
+    checked with a previous decision."""
     last, keys, checked = slot["last_inputs"], slot["step_key"], 0
-    for t in range(1, slot["valid"].shape[0] + 1):
+    ended = slot["terminated"] | slot["truncated"]
+    for t in range(1, ended.shape[0] + 1):
         for c in range(last.shape[1]):
             expected = torch.zeros(last.shape[-1])
-            if slot["valid"][t - 1, c] and not slot["terminal"][t - 1, c]:
+            if not ended[t - 1, c]:
                 k = int(keys[t - 1, c])
                 action = slot[f"action_{k}"][t - 1, c].unsqueeze(0)
                 reward = slot["reward"][t - 1, c].unsqueeze(0)
@@ -462,14 +466,11 @@ def test_last_inputs_let_the_learner_recompute_the_actors_log_probs(core):
     for _ in range(4):
         slot = spec.allocate()
         loop.unroll(slot)
-        valid = slot["valid"]
         with torch.no_grad():
             log_prob = forward_batch(model, slot).log_prob[:-1]
             without = forward_batch(model, {**slot, "last_inputs": 0 * slot["last_inputs"]})
-        torch.testing.assert_close(
-            log_prob[valid], slot["behaviour_log_prob"][valid], atol=1e-5, rtol=0
-        )
-        assert not torch.allclose(without.log_prob[:-1][valid], log_prob[valid], atol=1e-4)
+        torch.testing.assert_close(log_prob, slot["behaviour_log_prob"], atol=1e-5, rtol=0)
+        assert not torch.allclose(without.log_prob[:-1], log_prob, atol=1e-4)
 
 
 def test_a_policy_reading_last_action_and_reward_reaches_the_example_envs_optimum(tmp_path):
@@ -561,9 +562,9 @@ def test_structured_unroll_fills_per_key_fields_and_learner_reports_per_key_even
     result = loop.unroll(slot)
     assert slot["step_key"].tolist() == [[0] * 3, [1] * 3] * 4 + [[0] * 3]
     assert slot["obs_0"].shape == (9, 3, 7) and slot["obs_1"].shape == (9, 3, 5)
-    assert slot["reward"].shape == (8, 3) and slot["valid"].all()
+    assert slot["reward"].shape == (8, 3) and not slot["truncated"].any()
     assert (slot["reward"][0::2] == 0).all() and (slot["reward"][1::2] > 0).all()
-    assert slot["terminal"][3::4].all() and not slot["terminal"][1::4].any()
+    assert slot["terminated"][3::4].all() and not slot["terminated"][1::4].any()
     assert len(result.episode_returns) == 2 * 3 and result.env_steps == 24
     learner = Learner(model, cfg.algorithm)
     stats = learner.update(slot)
@@ -597,7 +598,7 @@ def test_example_env_needs_the_next_decisions_value_credited_to_the_item(tmp_pat
 
     original = StructuredActorLoop._close
 
-    def no_bootstrap(self, column, terminal):
+    def no_bootstrap(self, column, terminated=False, truncation_value=None):
         original(self, column, True)
 
     monkeypatch.setattr(StructuredActorLoop, "_close", no_bootstrap)

@@ -171,10 +171,6 @@ class ImpalaEvents:
     def dropped_stale_rollouts(self, value):
         """Rollouts dropped for exceeding ``max_policy_lag``."""
 
-    @epoch_stats()
-    def padding_share(self, value):
-        """Share of a structured batch's rows that train nothing (padding, bootstrap rows)."""
-
     @epoch_stats(group_by="step_key")
     def vtrace_mean_rho(self, step_key, value):
         """Mean unclipped importance weight pi/mu over the batch."""

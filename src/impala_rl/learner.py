@@ -41,8 +41,6 @@ class UpdateStats:
     policy_lag: list[int]
     learning_rate: float
     timings: dict[str, float] = field(default_factory=dict)
-    padding_share: float | None = None
-    """Structured batches: share of rows that are not valid decisions."""
 
 
 def optimizer_settings(cfg: ImpalaAlgorithmConfig) -> dict[str, Any]:
@@ -184,7 +182,7 @@ def update_observation_statistics(
 ) -> None:
     """Merge a batch's trained observations into ``normalize_obs``'s statistics: rows
     0..T-1 (row T opens the next unroll, where it is trained), on a structured batch each step
-    key's valid rows."""
+    key's rows."""
     if isinstance(model, ActorCritic):
         if model.obs_norm is not None:
             model.obs_norm.update(batch["obs"][:-1])
@@ -193,7 +191,7 @@ def update_observation_statistics(
         return
     decided = batch["step_key"][:-1]
     for k in model.step_keys:
-        rows = batch["valid"] & (decided == k)
+        rows = decided == k
         model.obs_norms[str(k)].update(batch[f"obs_{k}"][:-1][rows])
 
 
@@ -234,9 +232,9 @@ class Learner:
         """One optimizer step on ``batch`` (a slot dict, ``[T+1, B]`` / ``[T, B]``, on device).
 
         Columns are agents' decision streams: a plain env's column is one env's steps, a
-        structured env's one agent's decisions, with a ``valid`` mask where a column has fewer
-        than ``T`` decisions. One policy loss per step key and one value loss per critic, each
-        a mean over that key's (or critic's) valid rows.
+        structured env's one agent's decisions (rows 0..T-1 decisions, row T the bootstrap).
+        One policy loss per step key and one value loss per critic, each a mean over the rows
+        that key decides (or that critic values).
 
         ``train_policy=False`` is critic burn-in: only the baseline loss is minimised.
         ``fresh=False``: a further pass over the same batch (its observations are already in
@@ -256,22 +254,15 @@ class Learner:
         values, bootstrap_value = out.value[:-1], out.value[-1].detach()
         t1 = time.perf_counter()
 
-        # V-trace over the columns. A row that does not bootstrap from the next gets discount
-        # 0: an episode's end, a structured column's padding. A truncated plain step instead
-        # bootstraps from its final observation (the actor stored gamma * V(x_final) in the
-        # reward); a structured column stores that observation as its next row.
+        # V-trace over the columns. The row after an episode's end belongs to the next episode
+        # (or the agent is done), so the discount there is 0; a truncated episode bootstraps
+        # from its final observation instead, whose value (under the acting policy) the actor
+        # stored: it is added to the reward as gamma * V(x_final).
         rewards = losses.clip_rewards(batch["reward"], cfg.reward_clipping)
-        if "truncated" in batch:
-            truncated = batch["truncated"]
-            rewards = rewards + cfg.gamma * truncated.float() * batch["truncation_value"]
-            ends = batch["terminated"] | truncated
-        else:
-            ends = batch["terminal"]
-        discounts = cfg.gamma * (~ends).float()
+        truncated = batch["truncated"]
+        rewards = rewards + cfg.gamma * truncated.float() * batch["truncation_value"]
+        discounts = cfg.gamma * (~(batch["terminated"] | truncated)).float()
         log_rhos = target_log_prob.detach() - batch["behaviour_log_prob"]
-        valid = batch.get("valid")  # [T, B]; None: every row is a decision
-        if valid is not None:  # rho = c = 0 off the decisions: there vs = V
-            log_rhos = torch.where(valid, log_rhos, torch.full_like(log_rhos, float("-inf")))
         vt = vtrace.from_importance_weights(
             log_rhos,
             discounts,
@@ -283,11 +274,11 @@ class Learner:
             clip_c_threshold=cfg.vtrace_clip_c_threshold,
             lambda_=cfg.vtrace_lambda,
         )
-        # The rows of each step key and of each critic: the valid rows it decides or values.
+        # The rows of each step key and of each critic (None: every row, one key).
         keys = batch["step_key"][:-1] if "step_key" in batch else None
         rows_of: dict[int, torch.Tensor | None] = {}
         for k in model.step_keys:
-            rows_of[k] = valid if keys is None else valid & (keys == k)
+            rows_of[k] = None if keys is None else keys == k
         critic_rows: dict[int, torch.Tensor | None] = {}
         for c in model.critic_keys:
             of_c = [rows_of[k] for k in model.step_keys if model.critic_key(k) == c]
@@ -309,7 +300,7 @@ class Learner:
                 pg_advantages = torch.where(rows, pg_advantages / head.sigma, pg_advantages)
             value_loss_scale[c] = head.sigma.pow(-2)
 
-        # The losses, per step key and per critic, over their valid rows.
+        # The losses, per step key and per critic, over their rows.
         pg_loss, ent_loss, value_loss = {}, {}, {}
         for k, rows in rows_of.items():
             if rows is None or bool(rows.any()):
@@ -368,7 +359,6 @@ class Learner:
             grad_norm=grad_norm,
             vtrace_mean_rho={k: float(r.mean()) for k, r in rhos.items()},
             vtrace_clipped_fraction=clipped,
-            padding_share=None if valid is None else 1.0 - float(valid.float().mean()),
             policy_lag=(self.num_updates - 1 - batch["policy_version"]).tolist(),
             learning_rate=self.learning_rate,
             timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},

@@ -346,11 +346,11 @@ class StructuredRolloutSpec:
     ``behaviour_log_prob``      ``[T, N]``            log mu(a_t | x_t) of the acting policy
     ``reward``                  ``[T, N]``            the agent's rewards from decision t up to
                                                       its next decision or the episode's end
-    ``terminal``                ``[T, N]``            no bootstrap after row t: the episode
-                                                      ended for good, the agent is done, or
-                                                      row t+1 is padding
-    ``valid``                   ``[T, N]``            row t is a decision whose segment closed
-                                                      (it gets a loss); else bootstrap/padding
+    ``terminated``              ``[T, N]``            no bootstrap after row t: the episode
+                                                      ended for good or the agent is done
+    ``truncated``               ``[T, N]``            the episode was cut after row t: bootstrap
+                                                      from the agent's final observation
+    ``truncation_value``        ``[T, N]``            V(final obs) of the acting policy there
     ``first``                   ``[T+1, N]``          (a model with a core) row t is the agent's
                                                       first decision of an episode
     ``core_h``, ``core_c``      ``[1, N, H]``         (a model with a core) the agent's core
@@ -363,13 +363,15 @@ class StructuredRolloutSpec:
     ``actor_index``             ``[N]``               which actor filled the column
     ==========================  ====================  =========================================
 
-    No decision is lost: a decision whose segment is still open when a column is written is
-    the column's bootstrap row, and opens the stream's next column, where it is trained. At
-    truncation the agent's final observation (where the env gives one,
-    :meth:`impala_rl.envs.structured.StructuredEnv.final_observation`) is a bootstrap-only row
-    (``valid`` false) after its last decision. Rows after a column's last valid row and its
-    bootstrap row, if any, are padding (``valid`` false, ``terminal`` true, all actions legal).
-    Entries of ``obs_{k}`` / ``action_{k}`` on rows of other keys are zero and never read.
+    Every row 0..T-1 is a decision whose segment closed (a column is written only when its
+    stream has ``T`` of them, so there is no padding). No decision is lost: the decision after
+    row T-1, closed or still open, is the column's bootstrap row T and opens the stream's next
+    column, where it is trained. At truncation the agent's last decision bootstraps from the
+    value of its final observation, as a plain env's truncated step does (where the env gives
+    one, :meth:`impala_rl.envs.structured.StructuredEnv.final_observation`; else truncation is
+    termination). Entries of ``obs_{k}`` / ``action_{k}`` on rows of other keys are zero and
+    never read; row T is zero where the stream has no next decision yet (its last row
+    terminated).
     """
 
     T: int
@@ -395,8 +397,9 @@ class StructuredRolloutSpec:
             {
                 "behaviour_log_prob": ((T, N), torch.float32),
                 "reward": ((T, N), torch.float32),
-                "terminal": ((T, N), torch.bool),
-                "valid": ((T, N), torch.bool),
+                "terminated": ((T, N), torch.bool),
+                "truncated": ((T, N), torch.bool),
+                "truncation_value": ((T, N), torch.float32),
                 "policy_version": ((N,), torch.int64),
                 "actor_index": ((N,), torch.int64),
             }
@@ -442,10 +445,12 @@ class Decision:
     key: int
     obs: np.ndarray
     mask: np.ndarray | None
-    action: torch.Tensor | None = None  # None: a bootstrap-only row (final observation)
+    action: torch.Tensor
     log_prob: float = 0.0
     reward: float = 0.0
-    terminal: bool = False
+    terminated: bool = False
+    truncated: bool = False
+    truncation_value: float = 0.0
     age: int = 0  # the actor's sub-step count when it was taken: the oldest chunk goes first
     first: bool = False  # the agent's first decision of an episode (a model with a core)
     core_state: tuple[torch.Tensor, torch.Tensor] | None = None  # (h, c) [H] before it
@@ -503,18 +508,38 @@ class StructuredActorLoop:
         self.model.load_state_dict(state_dict)
         self.policy_version = version
 
-    def _close(self, column: int, terminal: bool) -> None:
+    def _close(
+        self, column: int, terminated: bool = False, truncation_value: float | None = None
+    ) -> None:
+        """Close ``column``'s open decision: at its agent's next decision, or at an episode's
+        end (``terminated``; truncated when a ``truncation_value`` is given)."""
         decision = self.open[column]
         if decision is not None:
-            decision.terminal = terminal
+            decision.terminated = terminated
+            if truncation_value is not None:
+                decision.truncated = True
+                decision.truncation_value = truncation_value
             self.closed[column].append(decision)
             self.open[column] = None
+
+    def _final_value(self, stream: int, key: int, obs: np.ndarray) -> float:
+        """The acting policy's value of ``stream``'s final observation at truncation, which
+        continues the agent's sequence (its core state and last inputs, no reset)."""
+        model = self.model
+        extra = None
+        if model.use_last_action_reward:
+            extra = self._last_inputs(stream).unsqueeze(0)
+        state = None
+        if self.core_state is not None:
+            h, c = self.core_state
+            state = (h[:, stream : stream + 1], c[:, stream : stream + 1])
+        return float(model.value(key, torch.from_numpy(obs).unsqueeze(0), extra, state)[0])
 
     def _last_inputs(self, stream: int) -> torch.Tensor:
         """What ``stream``'s next decision reads of its open one (action, reward since), zero
         at its first decision of an episode."""
         decision = self.open[stream]
-        if self.first[stream] or decision is None or decision.action is None:
+        if self.first[stream] or decision is None:
             return torch.zeros(self.model.extra_features)
         action = decision.action.unsqueeze(0)
         return self.model.last_inputs(decision.key, action, torch.tensor([decision.reward]))[0]
@@ -548,7 +573,7 @@ class StructuredActorLoop:
             for j, i in enumerate(idx):
                 actions[i] = env_actions[j]
                 column = int(streams[j])
-                self._close(column, terminal=False)  # its segment ends at this decision
+                self._close(column)  # its segment ends at this decision
                 self.open[column] = Decision(
                     k,
                     obs[j].numpy().copy(),
@@ -570,33 +595,18 @@ class StructuredActorLoop:
                 if decision is not None:
                     decision.reward += float(reward[i, a])
             if actor_done[i]:
-                self._close(i * A + int(acting[i]), terminal=True)
+                self._close(i * A + int(acting[i]), terminated=True)
             if term[i] or trunc[i]:
                 finals = envs.final_obs.get(i, {})
                 for a in range(A):
-                    final = finals.get(a) if trunc[i] and self.open[i * A + a] else None
-                    last_inputs = None
-                    if final is not None and model.use_last_action_reward:
-                        last_inputs = self._last_inputs(i * A + a)
-                    self._close(i * A + a, terminal=final is None)
-                    if final is not None:
-                        key, obs, mask = final
-                        final_row = Decision(
-                            key,
-                            obs,
-                            mask,
-                            terminal=True,
-                            age=self.substeps,
-                            last_inputs=last_inputs,
-                        )
-                        if self.core_state is not None:  # continues the agent's sequence
-                            h, c = self.core_state
-                            final_row.core_state = (
-                                h[0, i * A + a].clone(),
-                                c[0, i * A + a].clone(),
-                            )
-                        self.closed[i * A + a].append(final_row)
-                    self.first[i * A + a] = True
+                    stream = i * A + a
+                    final = finals.get(a) if trunc[i] and self.open[stream] else None
+                    if final is None:  # termination, or an env without final observations
+                        self._close(stream, terminated=True)
+                    else:
+                        key, obs, _ = final
+                        self._close(stream, truncation_value=self._final_value(stream, key, obs))
+                    self.first[stream] = True
         self.episodes.step(reward[:, 0], np.logical_or(term, trunc), returns, lengths)
         self.substeps += 1
 
@@ -606,16 +616,15 @@ class StructuredActorLoop:
         """Pop ``T`` closed rows of ``stream`` into ``column``; peek the next as row T."""
         T = self.T
         queue = self.closed[stream]
-        rows: list[Decision | None] = [queue.popleft() for _ in range(min(T, len(queue)))]
-        rows.append(queue[0] if queue else self.open[stream])
+        rows = [queue.popleft() for _ in range(T)]
+        bootstrap = queue[0] if queue else self.open[stream]
+        if bootstrap is not None:
+            rows.append(bootstrap)
         for t, d in enumerate(rows):
-            if d is None:
-                break  # padding: zero observations, all actions legal
             slot[f"obs_{d.key}"][t, column] = torch.from_numpy(d.obs)
             if d.mask is not None:
                 slot[f"action_mask_{d.key}"][t, column] = torch.from_numpy(d.mask)
-            if d.action is not None:
-                slot[f"action_{d.key}"][t, column] = d.action
+            slot[f"action_{d.key}"][t, column] = d.action
             staged["step_key"][t, column] = d.key
             if d.last_inputs is not None:
                 slot["last_inputs"][t, column] = d.last_inputs
@@ -623,11 +632,12 @@ class StructuredActorLoop:
                 staged["first"][t, column] = d.first
                 if t == 0:
                     slot["core_h"][0, column], slot["core_c"][0, column] = d.core_state
-            if t < len(rows) - 1:  # the last is the peeked bootstrap row: defaults stand
+            if t < T:  # row T, the bootstrap row, is read for its value only
                 staged["behaviour_log_prob"][t, column] = d.log_prob
                 staged["reward"][t, column] = d.reward
-                staged["terminal"][t, column] = d.terminal
-                staged["valid"][t, column] = d.action is not None
+                staged["terminated"][t, column] = d.terminated
+                staged["truncated"][t, column] = d.truncated
+                staged["truncation_value"][t, column] = d.truncation_value
 
     @torch.inference_mode()
     def unroll(self, slot: dict[str, torch.Tensor]) -> UnrollResult:
@@ -647,8 +657,9 @@ class StructuredActorLoop:
             "step_key": np.zeros((T + 1, C), dtype=np.int64),
             "behaviour_log_prob": np.zeros((T, C), dtype=np.float32),
             "reward": np.zeros((T, C), dtype=np.float32),
-            "terminal": np.ones((T, C), dtype=bool),
-            "valid": np.zeros((T, C), dtype=bool),
+            "terminated": np.zeros((T, C), dtype=bool),
+            "truncated": np.zeros((T, C), dtype=bool),
+            "truncation_value": np.zeros((T, C), dtype=np.float32),
         }
         if self.core_state is not None:
             staged["first"] = np.ones((T + 1, C), dtype=bool)

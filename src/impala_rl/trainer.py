@@ -412,8 +412,6 @@ class Trainer:
         ev.learning_rate(stats.learning_rate)
         for lag in stats.policy_lag:
             ev.policy_lag(lag)
-        if stats.padding_share is not None:
-            ev.padding_share(stats.padding_share)
 
     def _evaluate(self, model: torch.nn.Module, epoch: int) -> EvaluationResult:
         """Evaluate ``model``, with evaluation seeds drawn from the epoch it is from."""

@@ -341,10 +341,24 @@ class StructuredActorCritic(nn.Module):
         net = self._policy_net(step_key)
         return net(self.normalized(step_key, obs), action_mask, self._extra(extra, obs))
 
-    def value(self, step_key: int, obs: Tensor, extra: Tensor | None = None) -> Tensor:
-        """Values ``[*batch]`` of step key ``step_key``'s observations ``[*batch, *o_k]`` (a
-        model without a core)."""
-        self._no_core("value")
+    def value(
+        self,
+        step_key: int,
+        obs: Tensor,
+        extra: Tensor | None = None,
+        core_state: CoreState | None = None,
+    ) -> Tensor:
+        """Values ``[*batch]`` of step key ``step_key``'s observations ``[*batch, *o_k]``.
+
+        A model with a core values one step ``[B, *o_k]`` that continues the agents' sequences
+        from ``core_state`` (no reset): an agent's final observation at truncation.
+        """
+        if self.core is not None:
+            if core_state is None:
+                raise ValueError("value() on a model with a core needs the agents' core_state")
+            features = self.encode(step_key, obs, extra).unsqueeze(0)
+            y, _ = self.core(features, None, core_state)
+            return self.heads(step_key, y[0])[1]
         extra = self._extra(extra, obs)
         obs = self.normalized(step_key, obs)
         if self.critic_mode == "per_step_key":
