@@ -27,7 +27,7 @@ def batch_for(T: int, B: int, shape: tuple[int, ...], n_actions: int) -> dict[st
     return {
         "obs": torch.randint(0, 256, (T + 1, B, *shape), dtype=torch.uint8, generator=g),
         "first": torch.zeros(T + 1, B, dtype=torch.bool),
-        "action": torch.randint(0, n_actions, (T, B), generator=g),
+        "action": torch.randint(0, n_actions, (T + 1, B), generator=g),
         "behaviour_log_prob": torch.full((T, B), -float(np.log(n_actions))),
         "reward": torch.randn(T, B, generator=g),
         "terminated": torch.zeros(T, B, dtype=torch.bool),

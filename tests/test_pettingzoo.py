@@ -114,12 +114,12 @@ def test_self_play_batch_trains_one_shared_policy_on_both_agents():
     assert slot["reward"].shape == (20, 8)  # 4 envs x 2 seats: stretches of a seat's moves
     # the board from the mover's view ([3, 3, 2] flattened: own marks, then the opponent's):
     # the second player has one mark fewer than its opponent when it moves
-    board = slot["obs_0"][0].reshape(8, 9, 2).sum(1)
+    board = slot["obs"][0].reshape(8, 9, 2).sum(1)
     seat = (board[:, 1] - board[:, 0]).long()
     assert set(seat.tolist()) == {0, 1}
     # the sampled actions were legal
-    mask = slot["action_mask_0"][:20]
-    assert mask.gather(-1, slot["action_0"][:20].unsqueeze(-1)).all()
+    mask = slot["action_mask"][:20]
+    assert mask.gather(-1, slot["action"][:20].unsqueeze(-1)).all()
     # each seat's decisions alone move the one shared policy; with none it stays put
     params = model.policy_parameters(0)
 

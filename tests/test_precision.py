@@ -70,7 +70,7 @@ def test_a_bf16_learner_update_trains_fp32_weights():
     batch = {
         "obs": _obs(FRAMES, T + 1, B),
         "first": torch.zeros(T + 1, B, dtype=torch.bool),
-        "action": torch.randint(0, 3, (T, B)),
+        "action": torch.randint(0, 3, (T + 1, B)),
         "behaviour_log_prob": torch.full((T, B), -float(np.log(3))),
         "reward": torch.ones(T, B),
         "terminated": torch.zeros(T, B, dtype=torch.bool),

@@ -129,7 +129,7 @@ def test_slot_shapes_dtypes_and_behaviour_log_probs():
     loop = make_loop(model, T, N)
     spec = rollout_spec_for(model, loop.envs.single_observation_space, T, N)
     assert spec.field_shapes()["obs"] == ((T + 1, N, 2), torch.float32)
-    assert spec.field_shapes()["action"] == ((T, N), torch.int64)
+    assert spec.field_shapes()["action"] == ((T + 1, N), torch.int64)
     slot = spec.allocate()
     result = loop.unroll(slot)
     for name, (shape, dtype) in spec.field_shapes().items():
@@ -140,7 +140,7 @@ def test_slot_shapes_dtypes_and_behaviour_log_probs():
     assert set(slot["action"].unique().tolist()) <= {0, 1}
     # behaviour_log_prob is log mu(a_t | x_t) of the acting model on the stored observations
     with torch.no_grad():
-        expected = model(slot["obs"][:T]).dist.log_prob(slot["action"])
+        expected = model(slot["obs"][:T]).dist.log_prob(slot["action"][:T])
     torch.testing.assert_close(slot["behaviour_log_prob"], expected)
     loop.close()
 
@@ -460,7 +460,7 @@ def test_policy_version_follows_broadcasts():
                 assert torch.equal(v, new_state[k]), k
         # the batch was produced by the new weights
         with torch.no_grad():
-            expected = actors.actors[0].model(batch["obs"][:5]).dist.log_prob(batch["action"])
+            expected = actors.actors[0].model(batch["obs"][:5]).dist.log_prob(batch["action"][:5])
         torch.testing.assert_close(batch["behaviour_log_prob"], expected)
 
 

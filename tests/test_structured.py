@@ -142,7 +142,7 @@ def _decision_rows(spec):
 
 def _rows(slot, t, c):
     """``(agent, sub-step, serial)`` of row ``t`` of column ``c``."""
-    return tuple(int(x) for x in slot["obs_0"][t, c])
+    return tuple(int(x) for x in slot["obs"][t, c])
 
 
 def test_every_decision_over_several_unrolls_is_trained_exactly_once():
@@ -224,7 +224,7 @@ def test_agents_acting_at_different_rates_train_without_deadlock():
         stats = learner.update(slot)
         assert np.isfinite(stats.total_loss) and result.env_steps > 0
         assert np.isfinite(stats.policy_loss[0])
-        agents += slot["obs_0"][0, :, 0].tolist()
+        agents += slot["obs"][0, :, 0].tolist()
         # agent 0, deciding twice as often, fills twice the columns of agent 1
         assert max(len(q) for q in loop.closed) < 3 * spec.T  # queues stay bounded
     assert agents.count(0.0) == pytest.approx(2 * agents.count(1.0), abs=3)
@@ -415,14 +415,16 @@ def _check_last_inputs(model, slot) -> int:
     """Row t of a column reads row t-1's action (in its key's block) and reward, unless row
     t-1 ended the agent's episode (terminated or truncated): then zeros. Returns the rows
     checked with a previous decision."""
-    last, keys, checked = slot["last_inputs"], slot["step_key"], 0
+    last, checked = slot["last_inputs"], 0
+    keys = slot.get("step_key", torch.zeros_like(slot["first"], dtype=torch.int64))
     ended = slot["terminated"] | slot["truncated"]
     for t in range(1, ended.shape[0] + 1):
         for c in range(last.shape[1]):
             expected = torch.zeros(last.shape[-1])
             if not ended[t - 1, c]:
                 k = int(keys[t - 1, c])
-                action = slot[f"action_{k}"][t - 1, c].unsqueeze(0)
+                field = f"action_{k}" if "step_key" in slot else "action"
+                action = slot[field][t - 1, c].unsqueeze(0)
                 reward = slot["reward"][t - 1, c].unsqueeze(0)
                 expected = model.last_inputs(k, action, reward)[0]
                 checked += 1

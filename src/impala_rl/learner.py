@@ -135,45 +135,54 @@ class TargetOutputs:
 def forward_batch(
     model: ActorCritic | StructuredActorCritic, batch: dict[str, torch.Tensor]
 ) -> TargetOutputs:
-    """The learner's forward pass: one call over the batch when there is one step key (a plain
-    env, :class:`~impala_rl.rollout.RolloutSpec`), else one call per step key over the rows
-    where that key decides (:class:`~impala_rl.rollout.StructuredRolloutSpec`)."""
+    """The learner's forward pass over a slot (:class:`~impala_rl.rollout.RolloutSpec`): one
+    call over the batch when there is one step key, else one call per step key over the rows
+    where that key decides."""
     if isinstance(model, ActorCritic):
         out = model(batch["obs"], **model_inputs(model, batch))
-        action = batch["action"]
-        padded = torch.cat([action, action[-1:]], dim=0)  # row T's action is never read
-        return TargetOutputs(out.dist.log_prob(padded), out.dist.entropy(), out.value)
-    step_key = batch["step_key"]
-    rows_of = {k: (step_key == k).nonzero(as_tuple=True) for k in model.step_keys}
-    rows_of = {k: rows for k, rows in rows_of.items() if rows[0].numel()}
+        return TargetOutputs(out.dist.log_prob(batch["action"]), out.dist.entropy(), out.value)
+    single = "step_key" not in batch
+    if single:  # one key: every row, one call
+        rows_of: dict[int, Any] = {model.step_keys[0]: (slice(None),)}
+        fields = {model.step_keys[0]: ("obs", "action", "action_mask")}
+    else:
+        step_key = batch["step_key"]
+        rows_of = {k: (step_key == k).nonzero(as_tuple=True) for k in model.step_keys}
+        rows_of = {k: rows for k, rows in rows_of.items() if rows[0].numel()}
+        fields = {k: (f"obs_{k}", f"action_{k}", f"action_mask_{k}") for k in rows_of}
+    shape = batch["first"].shape  # [T+1, B]
     last = batch.get("last_inputs")  # [T+1, B, E]: the agent's previous action and reward
 
-    def extra(rows: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+    def extra(rows: tuple[Any, ...]) -> torch.Tensor | None:
         return None if last is None else last[rows]
+
+    def put(into: torch.Tensor, rows: tuple[Any, ...], values: torch.Tensor) -> torch.Tensor:
+        return values if single else into.index_put(rows, values)
 
     core_out = None
     if model.core is not None:  # each key's features in place, the core along every column
         features = None
         for k, rows in rows_of.items():
-            encoded = model.encode(k, batch[f"obs_{k}"][rows], extra(rows))
+            encoded = model.encode(k, batch[fields[k][0]][rows], extra(rows))
             if features is None:
-                features = encoded.new_zeros((*step_key.shape, encoded.shape[-1]))
-            features = features.index_put(rows, encoded)
+                features = encoded.new_zeros((*shape, encoded.shape[-1]))
+            features = put(features, rows, encoded)
         assert features is not None, "a batch has rows"
         core_out, _ = model.core(features, batch["first"], (batch["core_h"], batch["core_c"]))
-    log_prob = torch.zeros(step_key.shape, device=step_key.device)
+    log_prob = torch.zeros(shape, device=batch["first"].device)
     entropy, value = torch.zeros_like(log_prob), torch.zeros_like(log_prob)
     for k, rows in rows_of.items():
-        mask = batch[f"action_mask_{k}"][rows] if f"action_mask_{k}" in batch else None
+        obs_field, action_field, mask_field = fields[k]
+        mask = batch[mask_field][rows] if mask_field in batch else None
         if core_out is None:
-            obs = batch[f"obs_{k}"][rows]
+            obs = batch[obs_field][rows]
             dist = model.policy(k, obs, mask, extra(rows))
             key_value = model.value(k, obs, extra(rows))
         else:
             dist, key_value = model.heads(k, core_out[rows], mask)
-        log_prob = log_prob.index_put(rows, dist.log_prob(batch[f"action_{k}"][rows]))
-        entropy = entropy.index_put(rows, dist.entropy())
-        value = value.index_put(rows, key_value)
+        log_prob = put(log_prob, rows, dist.log_prob(batch[action_field][rows]))
+        entropy = put(entropy, rows, dist.entropy())
+        value = put(value, rows, key_value)
     return TargetOutputs(log_prob, entropy, value)
 
 
@@ -189,10 +198,12 @@ def update_observation_statistics(
         return
     if model.obs_norms is None:
         return
+    if "step_key" not in batch:
+        model.obs_norms[str(model.step_keys[0])].update(batch["obs"][:-1])
+        return
     decided = batch["step_key"][:-1]
     for k in model.step_keys:
-        rows = decided == k
-        model.obs_norms[str(k)].update(batch[f"obs_{k}"][:-1][rows])
+        model.obs_norms[str(k)].update(batch[f"obs_{k}"][:-1][decided == k])
 
 
 def _rows(x: torch.Tensor, selection: torch.Tensor | None) -> torch.Tensor:

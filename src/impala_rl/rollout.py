@@ -1,33 +1,49 @@
-"""The actor loop every backend runs: step a vector env with a policy copy, fill one slot.
+"""The actor loop every backend runs: step envs with a policy copy, fill one slot.
 
-A slot holds one unroll of ``T`` steps of ``N`` envs, time-major:
+A slot's column is one agent's decision stream in one env, and row t its t-th decision (a
+plain env has one agent deciding at every step, so a column is one env's steps). Time-major,
+``N`` columns of ``T`` decisions and the bootstrap row:
 
-=====================  =================  ==================================================
-field                  shape              meaning
-=====================  =================  ==================================================
-``obs``                ``[T+1, N, *o]``   observation before step t; ``obs[T]`` bootstraps
-``first``              ``[T+1, N]``       ``obs[t]`` starts an episode (resets an LSTM core)
-``action``             ``[T, N, *a]``     action taken (unclipped sample)
-``behaviour_log_prob`` ``[T, N]``         log mu(a_t | x_t) of the acting policy
-``reward``             ``[T, N]``         reward (unclipped)
-``terminated``         ``[T, N]``         the episode ended for good: no bootstrap
-``truncated``          ``[T, N]``         the episode was cut (time limit): bootstrap
-``truncation_value``   ``[T, N]``         V(final obs) of the acting policy where truncated
-``policy_version``     ``[N]``            learner update count of the acting policy
-``actor_index``        ``[N]``            which actor filled the column
-``core_h``, ``core_c``   ``[1, N, H]``      LSTM core state before step 0 (models with a core)
-``last_action``        ``[T+1, N, *a]``   action before ``obs[t]``, zero where ``first``
-                                          (models with ``use_last_action_reward``)
-``last_reward``        ``[T+1, N]``       reward before ``obs[t]``, zero where ``first``
-=====================  =================  ==================================================
+===========================  =================  ============================================
+field                        shape              meaning
+===========================  =================  ============================================
+``obs`` (``obs_{k}``)        ``[T+1, N, *o]``   observation at decision t; row T bootstraps
+``action`` (``action_{k}``)  ``[T+1, N, *a]``   action taken (unclipped sample); row T unused
+``action_mask`` (``_{k}``)   ``[T+1, N, n]``    legal actions (keys with an action mask)
+``step_key``                 ``[T+1, N]``       which key decides at row t (several keys)
+``first``                    ``[T+1, N]``       row t is the agent's first decision of an
+                                                episode (resets an LSTM core)
+``behaviour_log_prob``       ``[T, N]``         log mu(a_t | x_t) of the acting policy
+``reward``                   ``[T, N]``         the agent's rewards from decision t up to its
+                                                next decision or the episode's end
+``terminated``               ``[T, N]``         the episode ended for good after row t (or the
+                                                agent is done): no bootstrap
+``truncated``                ``[T, N]``         the episode was cut after row t (time limit):
+                                                bootstrap from the final observation
+``truncation_value``         ``[T, N]``         V(final obs) of the acting policy there
+``policy_version``           ``[N]``            learner update count of the acting policy
+``actor_index``              ``[N]``            which actor filled the column
+``core_h``, ``core_c``       ``[1, N, H]``      LSTM core state before row 0 (a core)
+``last_action``              ``[T+1, N, *a]``   (plain model, ``use_last_action_reward``) the
+                                                action before row t, zero where ``first``
+``last_reward``              ``[T+1, N]``       ... and the reward before row t
+``last_inputs``              ``[T+1, N, E]``    (structured model) the same, encoded per step
+                                                key by ``StructuredActorCritic.last_inputs``
+===========================  =================  ============================================
 
-The optional fields exist only when the model needs them, so a plain model's slot (and its
-copying) is unchanged. The core state is stored before ``first[0]`` resets it; the learner
+With one step key the fields are ``obs``, ``action``, ``action_mask``; with several each key
+has its own (``obs_{k}``: zero on rows of other keys, never read) and ``step_key`` says which.
+The optional fields exist only when the model reads them, so a plain model's slot (and its
+copying) stays small. The core state is stored before ``first[0]`` resets it; the learner
 replays the core from it over ``[T+1, N]`` with the same resets.
 
 With same-step autoreset ``obs[t+1]`` already belongs to the next episode when step ``t``
 ended one; the learner's discount is zero there, so no value leaks across the reset, and
 truncation adds ``gamma * truncation_value`` instead.
+
+Two actor loops fill this slot: :class:`ActorLoop` for a plain vector env (every env decides
+at every step: one policy call and one slice write per field and step) and
+:class:`StructuredActorLoop` for structured envs (agents' decision queues).
 """
 
 from __future__ import annotations
@@ -45,15 +61,6 @@ from impala_rl.envs.structured import StructuredVectorEnv
 from impala_rl.nn import ActorCritic
 from impala_rl.nn.structured import StructuredActorCritic
 
-STEP_FIELDS = (
-    "action",
-    "behaviour_log_prob",
-    "reward",
-    "terminated",
-    "truncated",
-    "truncation_value",
-)
-
 
 def allocate_fields(
     shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], share_memory: bool = False
@@ -67,42 +74,77 @@ def allocate_fields(
 
 
 @dataclass(frozen=True)
-class RolloutSpec:
-    """Shapes and dtypes of a slot: ``T`` steps of ``N`` envs."""
+class KeyLayout:
+    """What one step key's rows hold: its observation, its action, its action mask if any."""
 
-    T: int
-    N: int
     obs_shape: tuple[int, ...]
     obs_dtype: torch.dtype
     action_shape: tuple[int, ...]
     action_dtype: torch.dtype
+    mask_size: int | None = None
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """Shapes and dtypes of a slot: ``N`` columns of ``T`` decisions, for every env.
+
+    ``keys[k]`` lays out step key ``k``'s fields. With one key (a plain env, or a game whose
+    seats share one policy) they are ``obs``, ``action`` (and ``action_mask``) and every row
+    is that key's; with several keys each has its own ``obs_{k}``, ``action_{k}``,
+    ``action_mask_{k}`` and ``step_key`` says which one decides at each row. The fields the
+    model reads besides observations exist only when it reads them (a plain model's slot, and
+    its copying, stay as small as they can be): the core state, and the last action and reward
+    as the plain :class:`~impala_rl.nn.ActorCritic` reads them (``last_action``,
+    ``last_reward``) or as :class:`~impala_rl.nn.structured.StructuredActorCritic` does
+    (``last_inputs``, already encoded per step key).
+    """
+
+    T: int
+    N: int
+    keys: tuple[KeyLayout, ...]
     core_state_size: int = 0
     """H of the LSTM core's ``(h, c)``; 0: the model has no core."""
     last_action_reward: bool = False
-    """The model reads the last action and reward."""
+    """``last_action`` and ``last_reward`` fields (the plain model reads them)."""
+    last_inputs_size: int = 0
+    """Width of the ``last_inputs`` field (a structured model's encoded last action and reward)."""
+
+    def key_field(self, name: str, key: int) -> str:
+        """The field holding step key ``key``'s ``name`` (``obs``, ``action``, ``action_mask``)."""
+        return name if len(self.keys) == 1 else f"{name}_{key}"
 
     def field_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         T, N = self.T, self.N
-        optional: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        fields: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        for k, key in enumerate(self.keys):
+            fields[self.key_field("obs", k)] = ((T + 1, N, *key.obs_shape), key.obs_dtype)
+            fields[self.key_field("action", k)] = ((T + 1, N, *key.action_shape), key.action_dtype)
+            if key.mask_size is not None:
+                fields[self.key_field("action_mask", k)] = ((T + 1, N, key.mask_size), torch.bool)
+        if len(self.keys) > 1:
+            fields["step_key"] = ((T + 1, N), torch.int64)
+        fields.update(
+            {
+                "first": ((T + 1, N), torch.bool),
+                "behaviour_log_prob": ((T, N), torch.float32),
+                "reward": ((T, N), torch.float32),
+                "terminated": ((T, N), torch.bool),
+                "truncated": ((T, N), torch.bool),
+                "truncation_value": ((T, N), torch.float32),
+                "policy_version": ((N,), torch.int64),
+                "actor_index": ((N,), torch.int64),
+            }
+        )
         if self.core_state_size:
-            optional["core_h"] = ((1, N, self.core_state_size), torch.float32)
-            optional["core_c"] = ((1, N, self.core_state_size), torch.float32)
+            fields["core_h"] = ((1, N, self.core_state_size), torch.float32)
+            fields["core_c"] = ((1, N, self.core_state_size), torch.float32)
         if self.last_action_reward:
-            optional["last_action"] = ((T + 1, N, *self.action_shape), self.action_dtype)
-            optional["last_reward"] = ((T + 1, N), torch.float32)
-        return {
-            "obs": ((T + 1, N, *self.obs_shape), self.obs_dtype),
-            "first": ((T + 1, N), torch.bool),
-            "action": ((T, N, *self.action_shape), self.action_dtype),
-            "behaviour_log_prob": ((T, N), torch.float32),
-            "reward": ((T, N), torch.float32),
-            "terminated": ((T, N), torch.bool),
-            "truncated": ((T, N), torch.bool),
-            "truncation_value": ((T, N), torch.float32),
-            "policy_version": ((N,), torch.int64),
-            "actor_index": ((N,), torch.int64),
-            **optional,
-        }
+            action = self.keys[0]
+            fields["last_action"] = ((T + 1, N, *action.action_shape), action.action_dtype)
+            fields["last_reward"] = ((T + 1, N), torch.float32)
+        if self.last_inputs_size:
+            fields["last_inputs"] = ((T + 1, N, self.last_inputs_size), torch.float32)
+        return fields
 
     def allocate(self, share_memory: bool = False) -> dict[str, torch.Tensor]:
         return allocate_fields(self.field_shapes(), share_memory)
@@ -118,23 +160,32 @@ def torch_dtype(np_dtype: np.dtype) -> torch.dtype:
 
 
 def rollout_spec_for(
-    model: ActorCritic, observation_space: gym.spaces.Box, T: int, N: int
+    model: ActorCritic | StructuredActorCritic,
+    observation_space: gym.spaces.Box | None,
+    T: int,
+    N: int,
 ) -> RolloutSpec:
-    """The slot layout for ``model``; a structured model gets its own layout
-    (:class:`StructuredRolloutSpec`)."""
-    if not isinstance(model, ActorCritic):
-        return structured_spec_for(model, T, N)  # type: ignore[return-value]
-    head = model.action_head
-    return RolloutSpec(
-        T=T,
-        N=N,
-        obs_shape=tuple(observation_space.shape),
-        obs_dtype=torch_dtype(observation_space.dtype),
-        action_shape=tuple(head.action_shape),
-        action_dtype=head.action_dtype,
-        core_state_size=0 if model.core is None else model.core.hidden_size,
-        last_action_reward=model.use_last_action_reward,
+    """The slot of an actor of ``N`` envs running ``model``: one column per env for a plain
+    model (``observation_space``: the env's, ``None``: the model's), ``N * n_agents`` columns
+    for a structured one."""
+    core = 0 if model.core is None else model.core.hidden_size
+    if isinstance(model, ActorCritic):
+        space = observation_space or model.observation_space
+        head = model.action_head
+        obs_dtype = torch_dtype(space.dtype)
+        key = KeyLayout(tuple(space.shape), obs_dtype, tuple(head.action_shape), head.action_dtype)
+        return RolloutSpec(T, N, (key,), core, last_action_reward=model.use_last_action_reward)
+    keys = tuple(
+        KeyLayout(
+            tuple(model.observation_spaces[k].shape),
+            torch_dtype(model.observation_spaces[k].dtype),
+            tuple(model.action_head(k).action_shape),
+            model.action_head(k).action_dtype,
+            model.mask_sizes.get(k),
+        )
+        for k in model.step_keys
     )
+    return RolloutSpec(T, N * model.n_agents, keys, core, last_inputs_size=model.extra_features)
 
 
 @dataclass
@@ -292,6 +343,7 @@ class ActorLoop:
             self.first = done
             self.obs = torch.as_tensor(obs)
         obs_slot[T] = self.obs
+        action_slot[T] = 0  # row T is the bootstrap: its action is taken in the next unroll
         first[T] = self.first
         self.core_state = state
         if with_last:
@@ -328,116 +380,6 @@ def make_actor_loop(
     return ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index)
 
 
-@dataclass(frozen=True)
-class StructuredRolloutSpec:
-    """Shapes and dtypes of a structured slot: ``N`` columns of ``T`` decisions.
-
-    A column is a stretch of one agent's decision stream in one env, and row t is its t-th
-    decision point there; a plain env's column would be exactly :class:`RolloutSpec`'s. The
-    observation and action of a row live in the fields of its step key ``k``:
-
-    ==========================  ====================  =========================================
-    field                       shape                 meaning
-    ==========================  ====================  =========================================
-    ``step_key``                ``[T+1, N]`` int64    which policy and spaces decide at row t
-    ``obs_{k}``                 ``[T+1, N, *o_k]``    observation where ``step_key == k``
-    ``action_mask_{k}``         ``[T+1, N, n_k]``     legal actions (keys with an action mask)
-    ``action_{k}``              ``[T+1, N, *a_k]``    action taken where ``step_key == k``
-    ``behaviour_log_prob``      ``[T, N]``            log mu(a_t | x_t) of the acting policy
-    ``reward``                  ``[T, N]``            the agent's rewards from decision t up to
-                                                      its next decision or the episode's end
-    ``terminated``              ``[T, N]``            no bootstrap after row t: the episode
-                                                      ended for good or the agent is done
-    ``truncated``               ``[T, N]``            the episode was cut after row t: bootstrap
-                                                      from the agent's final observation
-    ``truncation_value``        ``[T, N]``            V(final obs) of the acting policy there
-    ``first``                   ``[T+1, N]``          (a model with a core) row t is the agent's
-                                                      first decision of an episode
-    ``core_h``, ``core_c``      ``[1, N, H]``         (a model with a core) the agent's core
-                                                      state before row 0
-    ``last_inputs``             ``[T+1, N, E]``       (``use_last_action_reward``) the agent's
-                                                      previous action and reward before row t
-                                                      (``StructuredActorCritic.last_inputs``),
-                                                      zero at its first decision of an episode
-    ``policy_version``          ``[N]``               learner update count of the policy
-    ``actor_index``             ``[N]``               which actor filled the column
-    ==========================  ====================  =========================================
-
-    Every row 0..T-1 is a decision whose segment closed (a column is written only when its
-    stream has ``T`` of them, so there is no padding). No decision is lost: the decision after
-    row T-1, closed or still open, is the column's bootstrap row T and opens the stream's next
-    column, where it is trained. At truncation the agent's last decision bootstraps from the
-    value of its final observation, as a plain env's truncated step does (where the env gives
-    one, :meth:`impala_rl.envs.structured.StructuredEnv.final_observation`; else truncation is
-    termination). Entries of ``obs_{k}`` / ``action_{k}`` on rows of other keys are zero and
-    never read; row T is zero where the stream has no next decision yet (its last row
-    terminated).
-    """
-
-    T: int
-    N: int
-    obs: tuple[tuple[int, tuple[int, ...], torch.dtype], ...]  # (key, shape, dtype)
-    actions: tuple[tuple[int, tuple[int, ...], torch.dtype], ...]
-    masks: tuple[tuple[int, int], ...]  # (key, n)
-    core_state_size: int = 0
-    last_inputs_size: int = 0
-
-    def field_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        T, N = self.T, self.N
-        fields: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
-            "step_key": ((T + 1, N), torch.int64)
-        }
-        for k, shape, dtype in self.obs:
-            fields[f"obs_{k}"] = ((T + 1, N, *shape), dtype)
-        for k, n in self.masks:
-            fields[f"action_mask_{k}"] = ((T + 1, N, n), torch.bool)
-        for k, shape, dtype in self.actions:
-            fields[f"action_{k}"] = ((T + 1, N, *shape), dtype)
-        fields.update(
-            {
-                "behaviour_log_prob": ((T, N), torch.float32),
-                "reward": ((T, N), torch.float32),
-                "terminated": ((T, N), torch.bool),
-                "truncated": ((T, N), torch.bool),
-                "truncation_value": ((T, N), torch.float32),
-                "policy_version": ((N,), torch.int64),
-                "actor_index": ((N,), torch.int64),
-            }
-        )
-        if self.core_state_size:
-            H = self.core_state_size
-            fields["first"] = ((T + 1, N), torch.bool)
-            fields["core_h"] = ((1, N, H), torch.float32)
-            fields["core_c"] = ((1, N, H), torch.float32)
-        if self.last_inputs_size:
-            fields["last_inputs"] = ((T + 1, N, self.last_inputs_size), torch.float32)
-        return fields
-
-    def allocate(self, share_memory: bool = False) -> dict[str, torch.Tensor]:
-        return allocate_fields(self.field_shapes(), share_memory)
-
-
-def structured_spec_for(model: StructuredActorCritic, T: int, N: int) -> StructuredRolloutSpec:
-    """The slot of an actor of ``N`` envs: ``N * model.n_agents`` columns."""
-    obs = tuple(
-        (
-            k,
-            tuple(model.observation_spaces[k].shape),
-            torch_dtype(model.observation_spaces[k].dtype),
-        )
-        for k in model.step_keys
-    )
-    actions = tuple(
-        (k, tuple(model.action_head(k).action_shape), model.action_head(k).action_dtype)
-        for k in model.step_keys
-    )
-    masks = tuple((k, n) for k, n in sorted(model.mask_sizes.items()) if n is not None)
-    core = 0 if model.core is None else model.core.hidden_size
-    return StructuredRolloutSpec(
-        T, N * model.n_agents, obs, actions, masks, core, model.extra_features
-    )
-
-
 @dataclass
 class Decision:
     """One row of an agent column, kept by the actor until it is written into a slot."""
@@ -463,7 +405,7 @@ class StructuredActorLoop:
     Each env sub-step, the envs are grouped by the step key that acts and each group's policy
     runs once. Every agent of every env (a *stream*) keeps its closed decisions in a queue and
     its open one aside. An unroll steps until the streams hold ``N`` chunks of ``T`` closed
-    decisions, then writes the oldest chunks, one per column (:class:`StructuredRolloutSpec`):
+    decisions, then writes the oldest chunks, one per column (:class:`RolloutSpec`):
     a column is a stretch of one agent's stream, and a stream that decides more often fills
     more columns. So agents acting at different rates neither wait for each other nor pad
     their columns, and no queue grows without bound (a slow agent's decisions wait, less than
@@ -502,6 +444,11 @@ class StructuredActorLoop:
         self.substeps = 0
         self.core_state = model.initial_state(columns)
         self.first = np.ones(columns, dtype=bool)  # a stream's next decision starts an episode
+        layout = rollout_spec_for(model, None, unroll_length, num_envs)
+        self.fields = {  # step key -> its obs, action and action-mask fields in a slot
+            k: tuple(layout.key_field(name, k) for name in ("obs", "action", "action_mask"))
+            for k in model.step_keys
+        }
 
     def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Take new weights; only ever called between unrolls."""
@@ -621,17 +568,18 @@ class StructuredActorLoop:
         if bootstrap is not None:
             rows.append(bootstrap)
         for t, d in enumerate(rows):
-            slot[f"obs_{d.key}"][t, column] = torch.from_numpy(d.obs)
+            obs_field, action_field, mask_field = self.fields[d.key]
+            slot[obs_field][t, column] = torch.from_numpy(d.obs)
             if d.mask is not None:
-                slot[f"action_mask_{d.key}"][t, column] = torch.from_numpy(d.mask)
-            slot[f"action_{d.key}"][t, column] = d.action
-            staged["step_key"][t, column] = d.key
+                slot[mask_field][t, column] = torch.from_numpy(d.mask)
+            slot[action_field][t, column] = d.action
+            if "step_key" in staged:
+                staged["step_key"][t, column] = d.key
             if d.last_inputs is not None:
                 slot["last_inputs"][t, column] = d.last_inputs
-            if "first" in staged:
-                staged["first"][t, column] = d.first
-                if t == 0:
-                    slot["core_h"][0, column], slot["core_c"][0, column] = d.core_state
+            staged["first"][t, column] = d.first
+            if t == 0 and d.core_state is not None:
+                slot["core_h"][0, column], slot["core_c"][0, column] = d.core_state
             if t < T:  # row T, the bootstrap row, is read for its value only
                 staged["behaviour_log_prob"][t, column] = d.log_prob
                 staged["reward"][t, column] = d.reward
@@ -649,20 +597,20 @@ class StructuredActorLoop:
         while sum(len(q) // T for q in self.closed) < C:
             self._substep(returns, lengths)
         for name, value in slot.items():
-            if name.startswith(("obs_", "action_")) or name == "last_inputs":
-                value.zero_()
-            if name.startswith("action_mask_"):
+            if name.startswith("action_mask"):
                 value.fill_(True)
+            elif name.startswith(("obs", "action")) or name == "last_inputs":
+                value.zero_()
         staged = {
-            "step_key": np.zeros((T + 1, C), dtype=np.int64),
+            "first": np.ones((T + 1, C), dtype=bool),
             "behaviour_log_prob": np.zeros((T, C), dtype=np.float32),
             "reward": np.zeros((T, C), dtype=np.float32),
             "terminated": np.zeros((T, C), dtype=bool),
             "truncated": np.zeros((T, C), dtype=bool),
             "truncation_value": np.zeros((T, C), dtype=np.float32),
         }
-        if self.core_state is not None:
-            staged["first"] = np.ones((T + 1, C), dtype=bool)
+        if len(self.fields) > 1:
+            staged["step_key"] = np.zeros((T + 1, C), dtype=np.int64)
         for column in range(C):
             stream = min((q[0].age, s) for s, q in enumerate(self.closed) if len(q) >= T)[1]
             self._write_column(slot, column, stream, staged)

@@ -2,7 +2,7 @@
 step key or one shared, and an optional LSTM core that every key's encoder feeds.
 
 With a core an agent's decisions form one sequence whatever their step keys (a column of
-:class:`~impala_rl.rollout.StructuredRolloutSpec`): each key's encoder turns its observation
+:class:`~impala_rl.rollout.RolloutSpec`): each key's encoder turns its observation
 into features of one width, the core runs along the column, and each key's action head and
 critic read the core's output.
 """
