@@ -19,7 +19,7 @@ from impala_rl.envs.structured import StructuredVectorEnv  # noqa: E402
 from impala_rl.evaluation import evaluate  # noqa: E402
 from impala_rl.learner import Learner  # noqa: E402
 from impala_rl.nn.factory import build_model_for_env  # noqa: E402
-from impala_rl.rollout import make_actor_loop, rollout_spec_for  # noqa: E402
+from impala_rl.rollout import ActorLoop, rollout_spec_for  # noqa: E402
 from impala_rl.trainer import load_policy  # noqa: E402
 
 FAST = ["log.console=false", "log.tensorboard=false"]
@@ -108,7 +108,7 @@ def test_self_play_batch_trains_one_shared_policy_on_both_agents():
     factory = EnvFactory(cfg.env.id, cfg.env.kwargs)
     model = build_model_for_env(cfg.model, factory())
     assert model.step_keys == [0]  # one policy for both seats
-    loop = make_actor_loop(factory, 4, model, seed=0, unroll_length=20)
+    loop = ActorLoop(factory, 4, model, seed=0, unroll_length=20)
     slot = rollout_spec_for(model, None, 20, 4).allocate()  # type: ignore[arg-type]
     loop.unroll(slot)
     assert slot["reward"].shape == (20, 8)  # 4 envs x 2 seats: stretches of a seat's moves

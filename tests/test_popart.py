@@ -13,7 +13,7 @@ from impala_rl.envs import EnvFactory
 from impala_rl.learner import Learner
 from impala_rl.nn.factory import build_model
 from impala_rl.nn.popart import PopArtValueHead
-from impala_rl.rollout import make_actor_loop, rollout_spec_for
+from impala_rl.rollout import ActorLoop, rollout_spec_for
 
 
 def test_a_statistics_update_preserves_the_unnormalized_outputs():
@@ -36,7 +36,7 @@ def _batch(model, scale: float) -> dict[str, torch.Tensor]:
     env = factory()
     spec = rollout_spec_for(model, env.observation_space, 8, 4)
     env.close()
-    loop = make_actor_loop(factory, 4, copy.deepcopy(model), seed=0, unroll_length=8)
+    loop = ActorLoop(factory, 4, copy.deepcopy(model), seed=0, unroll_length=8)
     slot = spec.allocate()
     loop.unroll(slot)
     loop.close()

@@ -19,7 +19,7 @@ from impala_rl.envs.structured import ActorID, StructuredEnv, StructuredVectorEn
 from impala_rl.learner import Learner
 from impala_rl.nn.factory import build_model_for_env
 from impala_rl.nn.structured import StructuredActorCritic
-from impala_rl.rollout import make_actor_loop, rollout_spec_for
+from impala_rl.rollout import ActorLoop, rollout_spec_for
 from impala_rl.trainer import Trainer, load_policy
 
 FAST = ["log.console=false", "log.tensorboard=false"]
@@ -130,7 +130,7 @@ def _scripted_loop(num_envs=2, T=5, model_overrides=(), **kwargs):
 
     cfg = load_config("multistep_example", list(model_overrides))
     model = build_model_for_env(cfg.model, ScriptedEnv(**kwargs))
-    loop = make_actor_loop(factory, num_envs, model, seed=0, unroll_length=T)
+    loop = ActorLoop(factory, num_envs, model, seed=0, unroll_length=T)
     spec = rollout_spec_for(model, None, T, num_envs)  # type: ignore[arg-type]
     return loop, spec, envs, model
 
@@ -264,7 +264,7 @@ def test_a_core_state_is_per_agent_in_self_play():
     cfg = load_config("tictactoe", ["env.kwargs.opponent=self_play", *CORE])
     factory = EnvFactory(cfg.env.id, cfg.env.kwargs)
     model = build_model_for_env(cfg.model, factory())
-    loop = make_actor_loop(factory, 4, model, seed=0, unroll_length=5)
+    loop = ActorLoop(factory, 4, model, seed=0, unroll_length=5)
     spec = rollout_spec_for(model, None, 5, 4)  # type: ignore[arg-type]
     for _ in range(4):
         slot = spec.allocate()
@@ -303,7 +303,7 @@ def _example_unroll(overrides, T=8, num_envs=4, unrolls=1):
     cfg = load_config("multistep_example", list(overrides))
     factory = EnvFactory(cfg.env.id, cfg.env.kwargs)
     model = build_model_for_env(cfg.model, factory())
-    loop = make_actor_loop(factory, num_envs, model, seed=0, unroll_length=T)
+    loop = ActorLoop(factory, num_envs, model, seed=0, unroll_length=T)
     spec = rollout_spec_for(model, None, T, num_envs)  # type: ignore[arg-type]
     slots = []
     for _ in range(unrolls):
@@ -355,7 +355,7 @@ def test_the_actor_and_the_learner_read_the_same_normalized_observations():
         norm.count.fill_(100.0)
     cfg = load_config("multistep_example", ["model.normalize_obs=true"])
     factory = EnvFactory(cfg.env.id, cfg.env.kwargs)
-    loop = make_actor_loop(factory, 4, model, seed=0, unroll_length=8)
+    loop = ActorLoop(factory, 4, model, seed=0, unroll_length=8)
     slot = rollout_spec_for(model, None, 8, 4).allocate()  # type: ignore[arg-type]
     loop.unroll(slot)
     loop.close()
@@ -541,7 +541,7 @@ def test_bf16_and_a_shared_torso_are_accepted_on_structured_envs():
         m for m in model.policies["0"].torso.modules() if isinstance(m, torch.nn.Linear)
     )
     first_linear.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
-    loop = make_actor_loop(ItemPlacementEnv, 3, model, seed=1, unroll_length=8)
+    loop = ActorLoop(ItemPlacementEnv, 3, model, seed=1, unroll_length=8)
     slot = rollout_spec_for(model, None, 8, 3).allocate()  # type: ignore[arg-type]
     loop.unroll(slot)
     before = [p.detach().clone() for p in model.policies["0"].torso.parameters()]
@@ -558,7 +558,7 @@ def test_bf16_and_a_shared_torso_are_accepted_on_structured_envs():
 def test_structured_unroll_fills_per_key_fields_and_learner_reports_per_key_events():
     cfg = load_config("multistep_example")
     model = build_model_for_env(cfg.model, ItemPlacementEnv())
-    loop = make_actor_loop(ItemPlacementEnv, 3, model, seed=1, unroll_length=8)
+    loop = ActorLoop(ItemPlacementEnv, 3, model, seed=1, unroll_length=8)
     spec = rollout_spec_for(model, None, 8, 3)  # type: ignore[arg-type]
     slot = spec.allocate()
     result = loop.unroll(slot)
@@ -596,14 +596,14 @@ def test_example_env_needs_the_next_decisions_value_credited_to_the_item(tmp_pat
     """Control: the item's sub-step pays nothing, so the item policy learns only from the
     value of the placement decision after it (keys alternate along the agent's column);
     with every segment cut there (no bootstrap), the optimum is not reached in the budget."""
-    from impala_rl.rollout import StructuredActorLoop
+    from impala_rl.rollout import ActorLoop
 
-    original = StructuredActorLoop._close
+    original = ActorLoop._close
 
     def no_bootstrap(self, column, terminated=False, truncation_value=None):
         original(self, column, True)
 
-    monkeypatch.setattr(StructuredActorLoop, "_close", no_bootstrap)
+    monkeypatch.setattr(ActorLoop, "_close", no_bootstrap)
     summary = impala_rl.train(
         "multistep_example",
         [*FAST, "seed=0", "max_env_steps=20000"],

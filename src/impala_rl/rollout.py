@@ -51,6 +51,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -228,23 +229,59 @@ class EpisodeTracker:
             self.length[done] = 0
 
 
-class ActorLoop:
-    """One actor: a vector env of ``num_envs`` envs and a CPU copy of the policy.
+@dataclass
+class Decision:
+    """One row of an agent column, kept by the actor until it is written into a slot."""
 
-    ``seed`` fixes the envs' reset seeds and the action sampler, so a backend that runs the
-    same actor index with the same weights produces the same slot contents.
+    key: int
+    obs: np.ndarray
+    mask: np.ndarray | None
+    action: torch.Tensor
+    log_prob: float = 0.0
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    truncation_value: float = 0.0
+    age: int = 0  # the actor's sub-step count when it was taken: the oldest chunk goes first
+    first: bool = False  # the agent's first decision of an episode (a model with a core)
+    core_state: tuple[torch.Tensor, torch.Tensor] | None = None  # (h, c) [H] before it
+    last_inputs: torch.Tensor | None = None  # [E] the agent's previous action and reward
+
+
+class ActorLoop:
+    """One actor: ``num_envs`` envs, a CPU copy of the policy, and its agents' decision streams.
+
+    Every agent of every env (a *stream*) is a sequence of decisions, and a slot's column is
+    ``T`` of them (:class:`RolloutSpec`). ``seed`` fixes the envs' reset seeds and the action
+    sampler, so a backend that runs the same actor index with the same weights produces the
+    same slot contents. With a core every stream carries its state from decision to decision
+    (reset at its first decision of an episode).
+
+    A plain env is one agent deciding at every step of every env: its streams are the envs, a
+    column closes after ``T`` steps, and :meth:`_unroll_steps` writes them in place (one
+    policy call and one slice write per field and step; the per-step scalars staged in numpy).
+
+    A structured env (:class:`~impala_rl.nn.structured.StructuredActorCritic`) goes through
+    :meth:`_unroll_decisions`: each env sub-step, the envs are grouped by the step key that
+    acts and each group's policy runs once. Every stream keeps its closed decisions in a queue
+    and its open one aside. An unroll steps until the streams hold ``N`` chunks of ``T`` closed
+    decisions, then writes the oldest chunks, one per column: a stream that decides more often
+    fills more columns. So agents acting at different rates neither wait for each other nor
+    pad their columns, and no queue grows without bound (a slow agent's decisions wait, less
+    than ``T`` of them, until its chunk is full). Each decision keeps the core state before
+    it, so a column that starts at any decision stores the state it starts from. Episode
+    returns are those of agent 0.
     """
 
     def __init__(
         self,
         env_factory: Callable[[], gym.Env],
         num_envs: int,
-        model: ActorCritic,
+        model: ActorCritic | StructuredActorCritic,
         seed: int,
         unroll_length: int,
         actor_index: int = 0,
     ):
-        self.envs = make_vector_env(env_factory, num_envs)
         self.model = model
         self.model.eval()
         self.num_envs = num_envs
@@ -252,15 +289,36 @@ class ActorLoop:
         self.actor_index = actor_index
         self.policy_version = 0
         self.generator = torch.Generator().manual_seed(seed)
-        obs, _ = self.envs.reset(seed=seed)
-        self.obs = torch.as_tensor(obs)
-        self.first = np.ones(num_envs, dtype=bool)
         self.episodes = EpisodeTracker(num_envs)
-        # Carried across steps and unrolls for models that read more than observations.
-        self.core_state = model.initial_state(num_envs)
-        head = model.action_head
-        self.last_action = torch.zeros((num_envs, *head.action_shape), dtype=head.action_dtype)
-        self.last_reward = np.zeros(num_envs, dtype=np.float32)
+        self.structured = isinstance(model, StructuredActorCritic)
+        self.envs: Any
+        if self.structured:
+            self.envs = StructuredVectorEnv([env_factory] * num_envs)
+            self.envs.reset(seed=seed)
+            self.n_agents = self.envs.n_agents
+        else:
+            self.envs = make_vector_env(env_factory, num_envs)
+            obs, _ = self.envs.reset(seed=seed)
+            self.obs = torch.as_tensor(obs)
+            self.n_agents = 1
+        streams = num_envs * self.n_agents
+        self.first = np.ones(streams, dtype=bool)  # a stream's next decision starts an episode
+        self.core_state = model.initial_state(streams)  # carried across steps and unrolls
+        if self.structured:
+            self.closed: list[collections.deque[Decision]] = [
+                collections.deque() for _ in range(streams)
+            ]
+            self.open: list[Decision | None] = [None] * streams
+            self.substeps = 0
+            layout = rollout_spec_for(model, None, unroll_length, num_envs)
+            self.fields = {  # step key -> its obs, action and action-mask fields in a slot
+                k: tuple(layout.key_field(name, k) for name in ("obs", "action", "action_mask"))
+                for k in model.step_keys
+            }
+        else:  # what a plain model reading the last action and reward reads next
+            head = model.action_head
+            self.last_action = torch.zeros((num_envs, *head.action_shape), dtype=head.action_dtype)
+            self.last_reward = np.zeros(num_envs, dtype=np.float32)
 
     def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Take new weights; only ever called between unrolls."""
@@ -269,7 +327,12 @@ class ActorLoop:
 
     @torch.inference_mode()
     def unroll(self, slot: dict[str, torch.Tensor]) -> UnrollResult:
-        """Run ``T`` steps of every env, writing them into ``slot`` (see module docstring).
+        """Fill ``slot`` with ``N`` columns of ``T`` decisions (see the module docstring)."""
+        return self._unroll_decisions(slot) if self.structured else self._unroll_steps(slot)
+
+    def _unroll_steps(self, slot: dict[str, torch.Tensor]) -> UnrollResult:
+        """The plain env's fast path: ``T`` steps of every env, each env's column written in
+        place, one policy call per step.
 
         Per-step scalars are staged in numpy and copied into the slot once per unroll: on
         cheap envs the per-step tensor bookkeeping would otherwise cost as much as the env.
@@ -359,101 +422,6 @@ class ActorLoop:
         }
         write_staged(slot, staged, self.policy_version, self.actor_index)
         return UnrollResult(returns, lengths, T * N)
-
-    def close(self) -> None:
-        self.envs.close()
-
-
-def make_actor_loop(
-    env_factory: Callable[[], gym.Env],
-    num_envs: int,
-    model: ActorCritic,
-    seed: int,
-    unroll_length: int,
-    actor_index: int = 0,
-) -> ActorLoop:
-    """The actor loop for ``model``: :class:`ActorLoop`, or the structured-env loop."""
-    if not isinstance(model, ActorCritic):
-        return StructuredActorLoop(  # type: ignore[return-value]
-            env_factory, num_envs, model, seed, unroll_length, actor_index
-        )
-    return ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index)
-
-
-@dataclass
-class Decision:
-    """One row of an agent column, kept by the actor until it is written into a slot."""
-
-    key: int
-    obs: np.ndarray
-    mask: np.ndarray | None
-    action: torch.Tensor
-    log_prob: float = 0.0
-    reward: float = 0.0
-    terminated: bool = False
-    truncated: bool = False
-    truncation_value: float = 0.0
-    age: int = 0  # the actor's sub-step count when it was taken: the oldest chunk goes first
-    first: bool = False  # the agent's first decision of an episode (a model with a core)
-    core_state: tuple[torch.Tensor, torch.Tensor] | None = None  # (h, c) [H] before it
-    last_inputs: torch.Tensor | None = None  # [E] the agent's previous action and reward
-
-
-class StructuredActorLoop:
-    """:class:`ActorLoop` for a structured env: the same interface, agent columns.
-
-    Each env sub-step, the envs are grouped by the step key that acts and each group's policy
-    runs once. Every agent of every env (a *stream*) keeps its closed decisions in a queue and
-    its open one aside. An unroll steps until the streams hold ``N`` chunks of ``T`` closed
-    decisions, then writes the oldest chunks, one per column (:class:`RolloutSpec`):
-    a column is a stretch of one agent's stream, and a stream that decides more often fills
-    more columns. So agents acting at different rates neither wait for each other nor pad
-    their columns, and no queue grows without bound (a slow agent's decisions wait, less than
-    ``T`` of them, until its chunk is full). Episode returns are those of agent 0.
-
-    With a core every stream carries its state from decision to decision (reset at its first
-    decision of an episode); each decision keeps the state before it, so a column that starts
-    at any decision stores the state it starts from.
-    """
-
-    def __init__(
-        self,
-        env_factory: Callable[[], gym.Env],
-        num_envs: int,
-        model: StructuredActorCritic,
-        seed: int,
-        unroll_length: int,
-        actor_index: int = 0,
-    ):
-        self.envs = StructuredVectorEnv([env_factory] * num_envs)
-        self.model = model
-        self.model.eval()
-        self.num_envs = num_envs
-        self.n_agents = self.envs.n_agents
-        self.T = unroll_length
-        self.actor_index = actor_index
-        self.policy_version = 0
-        self.generator = torch.Generator().manual_seed(seed)
-        self.envs.reset(seed=seed)
-        self.episodes = EpisodeTracker(num_envs)
-        columns = num_envs * self.n_agents
-        self.closed: list[collections.deque[Decision]] = [
-            collections.deque() for _ in range(columns)
-        ]
-        self.open: list[Decision | None] = [None] * columns
-        self.substeps = 0
-        self.core_state = model.initial_state(columns)
-        self.first = np.ones(columns, dtype=bool)  # a stream's next decision starts an episode
-        layout = rollout_spec_for(model, None, unroll_length, num_envs)
-        self.fields = {  # step key -> its obs, action and action-mask fields in a slot
-            k: tuple(layout.key_field(name, k) for name in ("obs", "action", "action_mask"))
-            for k in model.step_keys
-        }
-
-    def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Take new weights; only ever called between unrolls."""
-        self.model.load_state_dict(state_dict)
-        self.policy_version = version
 
     def _close(
         self, column: int, terminated: bool = False, truncation_value: float | None = None
@@ -587,9 +555,8 @@ class StructuredActorLoop:
                 staged["truncated"][t, column] = d.truncated
                 staged["truncation_value"][t, column] = d.truncation_value
 
-    @torch.inference_mode()
-    def unroll(self, slot: dict[str, torch.Tensor]) -> UnrollResult:
-        """Step until ``N`` chunks are full (class docstring), write them into ``slot``."""
+    def _unroll_decisions(self, slot: dict[str, torch.Tensor]) -> UnrollResult:
+        """Step until ``N`` chunks of ``T`` closed decisions are full, write them into ``slot``."""
         T, C = self.T, len(self.closed)
         returns: list[float] = []
         lengths: list[int] = []

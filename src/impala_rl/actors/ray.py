@@ -54,7 +54,7 @@ import torch
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
 from impala_rl.config import ConfigError, handout_lag_bound, max_waiting_rollouts
-from impala_rl.rollout import RolloutSpec, UnrollResult, make_actor_loop, rollout_spec_for
+from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, rollout_spec_for
 
 INSTALL_HINT = "pip install 'impala-rl[ray]'"
 POLL_S = 0.05
@@ -90,7 +90,7 @@ class RolloutWorker:
         actor_index: int,
     ):
         torch.set_num_threads(1)
-        self.loop = make_actor_loop(env_factory, num_envs, model, seed, unroll_length, actor_index)
+        self.loop = ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index)
         spec = rollout_spec_for(
             model, self.loop.envs.single_observation_space, unroll_length, num_envs
         )

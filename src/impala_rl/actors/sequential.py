@@ -9,7 +9,7 @@ import time
 import torch
 
 from impala_rl.actors.base import CollectedOutputs, DistributedActors, actor_seed
-from impala_rl.rollout import column_block, make_actor_loop
+from impala_rl.rollout import ActorLoop, column_block
 
 
 class SequentialDistributedActors(DistributedActors):
@@ -23,7 +23,7 @@ class SequentialDistributedActors(DistributedActors):
     def start(self) -> None:
         cfg = self.cfg
         self.actors = [
-            make_actor_loop(
+            ActorLoop(
                 self.env_factory,
                 cfg.envs_per_actor,
                 copy.deepcopy(self._template),

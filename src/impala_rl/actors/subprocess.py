@@ -47,7 +47,7 @@ import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
 from impala_rl.config import handout_lag_bound, max_waiting_rollouts
-from impala_rl.rollout import RolloutSpec, UnrollResult, column_block, make_actor_loop
+from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, column_block
 
 POLL_S = 0.05
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ def _actor_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process handles Ctrl-C
     torch.set_num_threads(1)
     try:
-        loop = make_actor_loop(env_factory, num_envs, model, seed, unroll_length, actor_index)
+        loop = ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index)
         loop.policy_version = weights.read_into(loop.model, -1)
         while True:
             msg = conn.recv()
