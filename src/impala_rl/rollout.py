@@ -41,9 +41,10 @@ With same-step autoreset ``obs[t+1]`` already belongs to the next episode when s
 ended one; the learner's discount is zero there, so no value leaks across the reset, and
 truncation adds ``gamma * truncation_value`` instead.
 
-Two actor loops fill this slot: :class:`ActorLoop` for a plain vector env (every env decides
-at every step: one policy call and one slice write per field and step) and
-:class:`StructuredActorLoop` for structured envs (agents' decision queues).
+One actor loop, :class:`ActorLoop`, fills this slot for every env: a plain vector env takes
+its fast path (every env decides at every step: one policy call and one slice write per field
+and step), a structured env its per-agent decision queues. A column is written only when its
+stream holds ``T`` closed decisions, so no row is padding and the learner needs no mask.
 """
 
 from __future__ import annotations
