@@ -12,6 +12,7 @@ import dataclasses
 import io
 import json
 import math
+import re
 import sys
 import types
 from pathlib import Path
@@ -494,6 +495,47 @@ def test_console_without_a_terminal_prints_one_untruncated_line_per_epoch(tmp_pa
         assert int(pairs["epoch"]) == row["epoch"] and int(pairs["env_steps"]) == row["env_steps"]
         for name in ("episode_return/mean", "eval_return/mean", "policy_loss/0", "grad_norm"):
             assert float(pairs[name]) == pytest.approx(row[name], rel=1e-5), name
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_console_stats_patterns_choose_what_the_console_prints(tmp_path, monkeypatch, terminal):
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    monkeypatch.setattr(
+        writers_mod, "Console", lambda: Console(file=buffer, width=300, force_terminal=terminal)
+    )
+    patterns = "[episode_return/mean,policy_entropy/*]"
+    cfg = load_config(
+        "cartpole",
+        [
+            *LAYOUT,
+            "algorithm.n_epochs=1",
+            "algorithm.epoch_length=1",
+            "algorithm.rollout_evaluator.n_episodes=2",
+            "runner.backend=sequential",
+            "log.console=true",
+            "log.tensorboard=false",
+            f"log.console_stats={patterns}",
+        ],
+    )
+    run_dir = tmp_path / "run"
+    Trainer(cfg, run_dir=run_dir).train()
+    row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert "grad_norm" in row and "eval_return/mean" in row  # the files keep every statistic
+    text = re.sub(r"\x1b\[[0-9;]*m", "", buffer.getvalue())  # no colour codes
+    if terminal:
+        header = next(line for line in text.splitlines() if "policy_entropy/0" in line)
+        assert header.replace("┃", " ").split() == ["episode_return/mean", "policy_entropy/0"]
+    else:
+        pairs = dict(part.split("=", 1) for part in text.strip().split(" "))
+        assert set(pairs) == {"epoch", "env_steps", "episode_return/mean", "policy_entropy/0"}
+        assert float(pairs["policy_entropy/0"]) == pytest.approx(row["policy_entropy/0"])
+
+
+def test_console_stats_refuses_an_empty_pattern():
+    with pytest.raises(ConfigError, match="log.console_stats"):
+        load_config("cartpole", ['log.console_stats=[episode_return/mean,""]'])
 
 
 # -- Weights & Biases -----------------------------------------------------------------------------

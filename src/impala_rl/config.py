@@ -252,6 +252,11 @@ class LogConfig:
     """Run directory (``null``: ``runs/<env>-<timestamp>``)."""
     console: bool = True
     """Live progress bar and a table per epoch on the console."""
+    console_stats: list[str] = field(default_factory=list)
+    """Glob patterns of the statistics the console prints each epoch, e.g.
+    ``[episode_return/mean, eval_return/mean, policy_entropy/*]`` (``[]``: the compact table's
+    columns on a terminal, every statistic in a log that is not a terminal). The run
+    directory's ``metrics.jsonl`` and TensorBoard files always hold every statistic."""
     tensorboard: bool = True
     """Write TensorBoard event files into the run directory."""
     jsonl: bool = True
@@ -578,6 +583,9 @@ def validate(cfg: RunConfig) -> None:
             continue
         if value is None or not rule.ok(value):
             _refuse(key, rule.valid, value)
+    for pattern in cfg.log.console_stats:
+        if not (isinstance(pattern, str) and pattern.strip()):
+            _refuse("log.console_stats", "a list of non-empty glob patterns", pattern)
     for name, amount in cfg.runner.ray_resources_per_actor.items():
         if not (name and _number(amount) and amount > 0):
             _refuse(

@@ -171,7 +171,11 @@ class Trainer:
             self.writers.append(JsonlWriter(path, append=self.resume))
         if cfg.log.tensorboard:
             self.writers.append(TensorBoardWriter(self.run_dir / "tb"))
-        self.console = ConsoleWriter(cfg.max_env_steps) if cfg.log.console else None
+        self.console = (
+            ConsoleWriter(cfg.max_env_steps, stats=list(cfg.log.console_stats))
+            if cfg.log.console
+            else None
+        )
         if self.console is not None:
             self.writers.append(self.console)
 

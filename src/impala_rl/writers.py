@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 from pathlib import Path
@@ -43,6 +44,15 @@ def tag_for(name: str) -> str:
     return f"train/{name}"
 
 
+def select_stats(stats: dict[str, float], patterns: list[str]) -> dict[str, float]:
+    """The statistics whose names match any of the glob ``patterns``, in their own order."""
+    return {
+        name: value
+        for name, value in stats.items()
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+    }
+
+
 def plain_epoch_line(epoch: int, env_steps: int, stats: dict[str, float]) -> str:
     """One epoch as ``name=value`` pairs with every statistic at full precision, for logs.
 
@@ -63,10 +73,17 @@ def _plain(value: float) -> str:
 class ConsoleWriter:
     """A live progress bar during the epoch and a compact table after it on a terminal; one
     plain ``name=value`` line per epoch otherwise (a file or pipe: a table there is cut to 80
-    columns and truncates its numbers)."""
+    columns and truncates its numbers). ``stats``: glob patterns that choose the statistics
+    printed (empty: the table's compact columns, or every statistic on a plain line)."""
 
-    def __init__(self, total_env_steps: int | None = None, console: Console | None = None):
+    def __init__(
+        self,
+        total_env_steps: int | None = None,
+        console: Console | None = None,
+        stats: list[str] | None = None,
+    ):
         self.console = console or Console()
+        self.patterns = list(stats or [])
         self.live = self.console.is_terminal
         columns: list[Any] = [TextColumn("[bold]epoch {task.fields[epoch]}")]
         if total_env_steps:
@@ -107,6 +124,8 @@ class ConsoleWriter:
         )
 
     def on_epoch(self, epoch: int, env_steps: int, stats: dict[str, float]) -> None:
+        if self.patterns:
+            stats = select_stats(stats, self.patterns)
         if not self.live:
             line = plain_epoch_line(epoch, env_steps, stats)
             self.console.print(line, soft_wrap=True, markup=False, highlight=False)
@@ -117,7 +136,10 @@ class ConsoleWriter:
             show_edge=False,
             pad_edge=False,
         )
-        shown = [(key, label) for key, label in CONSOLE_STATS if key in stats]
+        if self.patterns:
+            shown = [(key, key) for key in stats]
+        else:
+            shown = [(key, label) for key, label in CONSOLE_STATS if key in stats]
         for _, label in shown:
             table.add_column(label, justify="right")
         table.add_row(*(_fmt(stats[key]) for key, _ in shown))
