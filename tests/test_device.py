@@ -1,0 +1,72 @@
+"""The learner on ``algorithm.device``: CPU always, CUDA where a GPU is present (else skipped).
+
+Actors act on CPU copies of the weights while the learner trains on its device, so each case
+goes through every place a tensor crosses: the batch handed to the learner, the weights
+broadcast back, evaluation, checkpoints (saved from the device, loaded on CPU) and resume.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import impala_rl
+from impala_rl import checkpoint
+from impala_rl.trainer import load_policy
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+    ),
+]
+FAST = ["log.console=false", "log.tensorboard=false", "algorithm.epoch_length=2"]
+# Every model input the learner moves to its device: a core state, last action/reward,
+# observation statistics and PopArt's statistics.
+CARTPOLE_EVERY_INPUT = [
+    "model.core=lstm",
+    "model.shared_torso=true",
+    "model.use_last_action_reward=true",
+    "model.normalize_obs=true",
+    "model.popart=true",
+]
+CASES = {
+    "cartpole": ("cartpole", ["runner.backend=sequential"]),
+    "cartpole-lstm-last-normalize-popart": (
+        "cartpole",
+        ["runner.backend=sequential", *CARTPOLE_EVERY_INPUT],
+    ),
+    "cartpole-subprocess": ("cartpole", ["runner.backend=subprocess"]),
+    "multistep-structured": ("multistep_example", ["model.core=lstm", "model.shared_torso=true"]),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(CASES))
+def test_learner_on_device_trains_checkpoints_and_resumes(tmp_path, device, case):
+    preset, overrides = CASES[case]
+    run_dir = tmp_path / "run"
+    first = impala_rl.train(
+        preset,
+        [*FAST, *overrides, f"algorithm.device={device}", "algorithm.n_epochs=1"],
+        run_dir=run_dir,
+    )
+    assert first["updates"] == 2
+
+    last = checkpoint.load(run_dir / "checkpoints" / "last.pt")
+    assert all(t.device.type == "cpu" for t in last["model"].values())
+    before = {k: t.clone() for k, t in last["model"].items()}
+
+    resumed = impala_rl.train(resume=True, run_dir=run_dir, overrides=["algorithm.n_epochs=2"])
+    assert resumed["updates"] == 4
+    after = checkpoint.load(run_dir / "checkpoints" / "last.pt")["model"]
+    moved = [
+        k for k in before if before[k].is_floating_point() and not torch.equal(before[k], after[k])
+    ]
+    assert moved, "the resumed updates on the device changed no weight"
+    for t in after.values():
+        assert not t.is_floating_point() or bool(torch.isfinite(t).all())
+
+    policy = load_policy(run_dir)  # a checkpoint trained on the device acts on CPU
+    assert next(policy.model.parameters()).device.type == "cpu"
