@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ import torch
 
 from impala_rl.config import ConfigError, load_config
 from impala_rl.envs import EnvError, EnvFactory, make_env_factory, make_vector_env
+from impala_rl.envs import factory as env_factory_module
 from impala_rl.nn import ActorCritic
 from impala_rl.rollout import ActorLoop, rollout_spec_for
 
@@ -70,15 +73,41 @@ def test_envpool_is_seeded_by_reset():
     assert not np.array_equal(a, b)
 
 
-def test_auto_picks_envpool_for_cartpole_and_python_otherwise():
-    envs = make_vector_env(EnvFactory("CartPole-v1", vector="auto"), 2)
-    assert isinstance(envs, EnvpoolVectorEnv)
+@pytest.mark.parametrize("faster", ["envpool", "python"])
+def test_auto_picks_the_vector_env_that_steps_faster_and_keeps_it(monkeypatch, faster):
+    timed = []
+
+    def rate(factory, num_envs, seconds):
+        timed.append((factory.vector, num_envs))
+        return 2.0 if factory.vector == faster else 1.0
+
+    monkeypatch.setattr(env_factory_module, "steps_per_second", rate)
+    factory = EnvFactory("CartPole-v1", vector="auto")
+    envs = make_vector_env(factory, 2)
+    assert isinstance(envs, EnvpoolVectorEnv if faster == "envpool" else SameStepVectorEnv)
     envs.close()
+    assert factory.vector == faster
+    assert sorted(timed) == [("envpool", 2), ("envpool", 2), ("python", 2), ("python", 2)]
+    for settled in (factory, pickle.loads(pickle.dumps(factory))):  # actors get a copy
+        make_vector_env(settled, 2).close()
+    assert len(timed) == 4  # settled once: neither a second vector env nor a copy re-times
+
+
+def test_auto_times_real_vector_envs_and_is_python_where_envpool_cannot_step_the_env(
+    monkeypatch,
+):
+    rate = env_factory_module.steps_per_second(EnvFactory("CartPole-v1", vector="envpool"), 4, 0.05)
+    assert rate > 1000
+    assert EnvFactory("CartPole-v1", vector="auto").resolve_vector(4, seconds=0.05) in (
+        "python",
+        "envpool",
+    )
+    monkeypatch.setattr(env_factory_module, "steps_per_second", None)  # must not be timed
     for factory in (
         EnvFactory("CartPole-v1"),  # the default is python
         EnvFactory("CartPole-v1", vector="python"),
         EnvFactory("CartPole-v1", {"render_mode": "rgb_array"}, vector="auto"),  # Gymnasium's
-        EnvFactory("Acrobot-v1", vector="auto"),  # not measured faster
+        EnvFactory("FrozenLake-v1", vector="auto"),  # envpool lacks it
     ):
         envs = make_vector_env(factory, 2)
         assert isinstance(envs, SameStepVectorEnv), factory

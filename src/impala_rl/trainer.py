@@ -138,6 +138,7 @@ class Trainer:
         if cfg.runner.keep_freed_memory:
             keep_freed_memory()
         self.env_factory: EnvFactory = make_env_factory(cfg.env)
+        self.env_factory.resolve_vector(cfg.algorithm.envs_per_actor)  # before actors get it
         probe = self.env_factory()
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         try:
@@ -150,7 +151,7 @@ class Trainer:
                 cfg.env.id,
                 {**cfg.env.kwargs, **cfg.env.eval_kwargs},
                 cfg.env.max_episode_steps,
-                cfg.env.vector,
+                self.env_factory.vector,
             )
         self.learner = Learner(model, cfg.algorithm, self.device)
         self.checkpoint_dir = self.run_dir / "checkpoints"

@@ -1,13 +1,14 @@
 """envpool (a C++ vector env) behind the same-step vector-env contract of the actor loop.
 
-``env.vector=envpool`` (or ``auto``, for the ids in :data:`FASTER_IDS` when envpool is
-installed) steps an actor's envs in envpool instead of Python. envpool resets an env on the
-step *after* its episode ends (ignoring that step's action); :class:`EnvpoolVectorEnv` resets
-it on the same step instead, as :class:`~impala_rl.envs.vector.SameStepVectorEnv` does: the
-step that ends an episode returns the next episode's first observation and keeps the final
-one in ``info["final_obs"]`` (truncation bootstraps from its value). envpool seeds its envs
-when it is built, so a reset with a new seed rebuilds the pool (env ``i`` gets ``seed + i``).
-Needs the ``envpool`` extra: ``pip install 'impala-rl[envpool]'``.
+``env.vector=envpool`` (or ``auto``, where it times faster on the machine: see
+:meth:`~impala_rl.envs.factory.EnvFactory.resolve_vector`) steps an actor's envs in envpool
+instead of Python. envpool resets an env on the step *after* its episode ends (ignoring that
+step's action); :class:`EnvpoolVectorEnv` resets it on the same step instead, as
+:class:`~impala_rl.envs.vector.SameStepVectorEnv` does: the step that ends an episode returns
+the next episode's first observation and keeps the final one in ``info["final_obs"]``
+(truncation bootstraps from its value). envpool seeds its envs when it is built, so a reset
+with a new seed rebuilds the pool (env ``i`` gets ``seed + i``). Needs the ``envpool`` extra:
+``pip install 'impala-rl[envpool]'``.
 """
 
 from __future__ import annotations
@@ -47,9 +48,6 @@ TERMINAL: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "Pendulum-v1": _never,
 }
 SUPPORTED_IDS = tuple(TERMINAL)
-# Where env.vector=auto picks envpool: ids on which it measured faster than Python's loop
-# (CartPole-v1: see benchmarks/throughput.py --vector-envs).
-FASTER_IDS = ("CartPole-v0", "CartPole-v1")
 INSTALL = "pip install 'impala-rl[envpool]'"
 
 
