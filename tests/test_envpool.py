@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 
 import gymnasium as gym
@@ -9,11 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+import impala_rl
+from impala_rl import trainer as trainer_module
 from impala_rl.config import ConfigError, load_config
 from impala_rl.envs import EnvError, EnvFactory, make_env_factory, make_vector_env
 from impala_rl.envs import factory as env_factory_module
 from impala_rl.nn import ActorCritic
-from impala_rl.rollout import ActorLoop, rollout_spec_for
+from impala_rl.rollout import ActorLoop, actor_loop_rate, rollout_spec_for
 
 pytest.importorskip("envpool")
 
@@ -96,12 +99,11 @@ def test_auto_picks_the_vector_env_that_steps_faster_and_keeps_it(monkeypatch, f
 def test_auto_times_real_vector_envs_and_is_python_where_envpool_cannot_step_the_env(
     monkeypatch,
 ):
-    rate = env_factory_module.steps_per_second(EnvFactory("CartPole-v1", vector="envpool"), 4, 0.05)
-    assert rate > 1000
-    assert EnvFactory("CartPole-v1", vector="auto").resolve_vector(4, seconds=0.05) in (
-        "python",
-        "envpool",
-    )
+    raw = env_factory_module.steps_per_second
+    assert raw(EnvFactory("CartPole-v1", vector="envpool"), 4, 0.05) > 1000
+    rate = lambda factory: raw(factory, 4, 0.05)  # noqa: E731
+    factory = EnvFactory("CartPole-v1", vector="auto")
+    assert factory.resolve_vector(4, rate) in ("python", "envpool")
     monkeypatch.setattr(env_factory_module, "steps_per_second", None)  # must not be timed
     for factory in (
         EnvFactory("CartPole-v1"),  # the default is python
@@ -115,6 +117,40 @@ def test_auto_times_real_vector_envs_and_is_python_where_envpool_cannot_step_the
     envs = make_vector_env(EnvFactory("Acrobot-v1", vector="envpool"), 2)
     assert isinstance(envs, EnvpoolVectorEnv)
     envs.close()
+
+
+@pytest.mark.parametrize("faster", ["envpool", "python"])
+def test_the_trainer_settles_auto_by_timing_an_actors_loop_before_actors_start(
+    tmp_path, monkeypatch, caplog, faster
+):
+    timed = []
+
+    def rate(factory, num_envs, model, unroll_length, seconds):
+        timed.append((factory.vector, num_envs, unroll_length))
+        return 2.0 if factory.vector == faster else 1.0
+
+    monkeypatch.setattr(trainer_module, "actor_loop_rate", rate)
+    caplog.set_level(logging.INFO, logger="impala_rl.envs.factory")
+    overrides = ["env.vector=auto", "algorithm.envs_per_actor=6", "algorithm.n_rollout_steps=7"]
+    impala_rl.train(
+        "cartpole",
+        ["log.console=false", "log.tensorboard=false", *overrides, "max_env_steps=500"],
+        run_dir=tmp_path,
+    )
+    assert sorted(timed) == [("envpool", 6, 7)] * 2 + [("python", 6, 7)] * 2
+    assert f"using {faster}" in caplog.text
+
+
+def test_an_actor_loops_rate_is_timed_on_a_copy_of_the_model():
+    factory = EnvFactory("CartPole-v1")
+    probe = factory()
+    model = ActorCritic(probe.observation_space, probe.action_space)
+    probe.close()
+    model.train()
+    before = [p.clone() for p in model.parameters()]
+    assert actor_loop_rate(factory, 4, model, 8, 0.05) > 100
+    assert model.training  # the loop puts its own copy in eval mode
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 def test_envpool_refusals_name_the_setting():

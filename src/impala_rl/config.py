@@ -144,10 +144,10 @@ class EnvConfig:
     """Time limit (truncation) on top of the env's own (``null``: the env's own)."""
     vector: str = "python"
     """How an actor steps its envs: ``python`` (one after the other), ``envpool`` (envpool's
-    C++ vector env, classic control ids) or ``auto`` (times both at start-up and takes the
-    faster on this machine, for ids envpool has, when it is installed and ``kwargs`` is empty;
-    else ``python``). The default stays ``python`` until envpool measures faster in whole
-    training runs, not only raw stepping."""
+    C++ vector env, classic control ids) or ``auto`` (times an actor's loop on both at
+    start-up and takes the faster on this machine, for ids envpool has, when it is installed
+    and ``kwargs`` is empty; else ``python``). The default stays ``python`` until envpool
+    measures faster in whole training runs, not only raw stepping."""
     eval_kwargs: dict[str, Any] = field(default_factory=dict)
     """Entries that replace ``kwargs`` for the evaluation env (e.g. a fixed opponent)."""
 

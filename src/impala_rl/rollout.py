@@ -50,6 +50,8 @@ stream holds ``T`` closed decisions, so no row is padding and the learner needs 
 from __future__ import annotations
 
 import collections
+import copy
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -587,3 +589,30 @@ class ActorLoop:
 
     def close(self) -> None:
         self.envs.close()
+
+
+def actor_loop_rate(
+    env_factory: Callable[[], gym.Env],
+    num_envs: int,
+    model: ActorCritic,
+    unroll_length: int,
+    seconds: float,
+) -> float:
+    """Env steps per second of one actor's loop (stepping and acting on one thread, a copy of
+    ``model``), after one unroll of warm-up: what ``env.vector=auto`` compares, because a
+    vector env's raw stepping rate does not predict it (envpool hands each step to a worker
+    thread, whose wake-up costs more when acting runs between the steps)."""
+    model = copy.deepcopy(model)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in an actor process
+    loop = ActorLoop(env_factory, num_envs, model, seed=0, unroll_length=unroll_length)
+    try:
+        slot = rollout_spec_for(model, None, unroll_length, num_envs).allocate()
+        loop.unroll(slot)
+        steps, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            steps += loop.unroll(slot).env_steps
+        return steps / elapsed
+    finally:
+        loop.close()
+        torch.set_num_threads(threads)

@@ -26,6 +26,7 @@ from impala_rl import checkpoint
 from impala_rl.actors import make_actors
 from impala_rl.config import ConfigError, RunConfig, config_from_dict, to_dict, to_yaml
 from impala_rl.envs import EnvFactory, make_env_factory
+from impala_rl.envs.factory import AUTO_TIMING_S
 from impala_rl.envs.structured import is_structured
 from impala_rl.evaluation import (
     BackgroundEvaluator,
@@ -37,6 +38,7 @@ from impala_rl.learner import Learner, NonFiniteError, load_optimizer_state, sch
 from impala_rl.malloc import keep_freed_memory
 from impala_rl.nn import ActorCritic
 from impala_rl.nn.factory import build_model_for_env
+from impala_rl.rollout import actor_loop_rate
 from impala_rl.stats import EpochStatsAggregator, EventRecorder
 from impala_rl.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter, WandbWriter
 
@@ -138,13 +140,16 @@ class Trainer:
         if cfg.runner.keep_freed_memory:
             keep_freed_memory()
         self.env_factory: EnvFactory = make_env_factory(cfg.env)
-        self.env_factory.resolve_vector(cfg.algorithm.envs_per_actor)  # before actors get it
         probe = self.env_factory()
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         try:
             model = build_model_for_env(cfg.model, probe)
         finally:
             probe.close()
+        n_envs, unroll = cfg.algorithm.envs_per_actor, cfg.algorithm.n_rollout_steps
+        self.env_factory.resolve_vector(  # env.vector=auto, settled before actors get it
+            n_envs, lambda f: actor_loop_rate(f, n_envs, model, unroll, AUTO_TIMING_S)
+        )
         self.eval_env_factory = self.env_factory
         if cfg.env.eval_kwargs:
             self.eval_env_factory = EnvFactory(

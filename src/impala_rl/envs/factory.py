@@ -54,7 +54,7 @@ def _import_callable(spec: str) -> Callable[..., gym.Env]:
     return target
 
 
-AUTO_TIMING_S = 0.25  # per vector env and round when env.vector=auto is settled
+AUTO_TIMING_S = 0.15  # seconds per vector env and round when env.vector=auto is settled
 
 
 class EnvFactory:
@@ -150,14 +150,16 @@ class EnvFactory:
             )
         return envs
 
-    def resolve_vector(self, num_envs: int, seconds: float = AUTO_TIMING_S) -> str:
-        """Settle ``vector=auto`` once, on this machine: envpool where it steps ``num_envs``
-        copies of the id faster than :class:`SameStepVectorEnv` (timed for ``seconds`` each,
-        twice, interleaved), else ``python``. Which is faster depends on the CPU (CartPole
-        x16: envpool faster on an AMD EPYC, 0.63x ours on an Intel Xeon), so no fixed list
-        decides.
-        The answer is kept, so the actors of a run (the factory is pickled after it is
-        settled) and its evaluator step the same kind."""
+    def resolve_vector(
+        self, num_envs: int, rate: Callable[[EnvFactory], float] | None = None
+    ) -> str:
+        """Settle ``vector=auto`` once, on this machine: envpool where ``rate`` (env steps per
+        second of a factory; the trainer times an actor's loop, by default raw stepping of
+        ``num_envs`` copies for :data:`AUTO_TIMING_S`) is higher for it than for
+        :class:`SameStepVectorEnv`, each timed twice, interleaved; else ``python``. Which is
+        faster depends on the CPU and on what runs between the steps, so no fixed list
+        decides. The answer is kept, so the actors of a run (the factory is pickled after it
+        is settled) and its evaluator step the same kind."""
         if self.vector != "auto":
             return self.vector
         from impala_rl.envs import envpool
@@ -170,11 +172,13 @@ class EnvFactory:
             or not envpool.envpool_installed()
         ):
             return self.vector
+        if rate is None:
+            rate = lambda factory: steps_per_second(factory, num_envs, AUTO_TIMING_S)  # noqa: E731
         rates: dict[str, float] = {"python": 0.0, "envpool": 0.0}
         for _ in range(2):
             for name in rates:
                 candidate = EnvFactory(self.env_id, None, self.max_episode_steps, name)
-                rates[name] = max(rates[name], steps_per_second(candidate, num_envs, seconds))
+                rates[name] = max(rates[name], rate(candidate))
         self.vector = max(rates, key=rates.__getitem__)
         logging.getLogger(__name__).info(
             "env.vector=auto: %s x%d steps %.0f env steps/s in envpool, %.0f in python; using %s",
