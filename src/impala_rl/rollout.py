@@ -601,7 +601,8 @@ def actor_loop_rate(
     """Env steps per second of one actor's loop (stepping and acting on one thread, a copy of
     ``model``), after one unroll of warm-up: what ``env.vector=auto`` compares, because a
     vector env's raw stepping rate does not predict it (envpool hands each step to a worker
-    thread, whose wake-up costs more when acting runs between the steps)."""
+    thread; on one quiet 2-core machine, CartPole x64, its raw rate was 1.5x ours and its rate
+    in this loop 0.8x)."""
     model = copy.deepcopy(model)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in an actor process
