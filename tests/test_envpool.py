@@ -101,7 +101,7 @@ def test_auto_times_real_vector_envs_and_is_python_where_envpool_cannot_step_the
 ):
     raw = env_factory_module.steps_per_second
     assert raw(EnvFactory("CartPole-v1", vector="envpool"), 4, 0.05) > 1000
-    rate = lambda factory: raw(factory, 4, 0.05)  # noqa: E731
+    rate = lambda factory, seconds: raw(factory, 4, 0.05)  # noqa: E731
     factory = EnvFactory("CartPole-v1", vector="auto")
     assert factory.resolve_vector(4, rate) in ("python", "envpool")
     monkeypatch.setattr(env_factory_module, "steps_per_second", None)  # must not be timed

@@ -26,7 +26,6 @@ from impala_rl import checkpoint
 from impala_rl.actors import make_actors
 from impala_rl.config import ConfigError, RunConfig, config_from_dict, to_dict, to_yaml
 from impala_rl.envs import EnvFactory, make_env_factory
-from impala_rl.envs.factory import AUTO_TIMING_S
 from impala_rl.envs.structured import is_structured
 from impala_rl.evaluation import (
     BackgroundEvaluator,
@@ -148,7 +147,7 @@ class Trainer:
             probe.close()
         n_envs, unroll = cfg.algorithm.envs_per_actor, cfg.algorithm.n_rollout_steps
         self.env_factory.resolve_vector(  # env.vector=auto, settled before actors get it
-            n_envs, lambda f: actor_loop_rate(f, n_envs, model, unroll, AUTO_TIMING_S)
+            n_envs, lambda f, seconds: actor_loop_rate(f, n_envs, model, unroll, seconds)
         )
         self.eval_env_factory = self.env_factory
         if cfg.env.eval_kwargs:

@@ -151,11 +151,11 @@ class EnvFactory:
         return envs
 
     def resolve_vector(
-        self, num_envs: int, rate: Callable[[EnvFactory], float] | None = None
+        self, num_envs: int, rate: Callable[[EnvFactory, float], float] | None = None
     ) -> str:
-        """Settle ``vector=auto`` once, on this machine: envpool where ``rate`` (env steps per
-        second of a factory; the trainer times an actor's loop, by default raw stepping of
-        ``num_envs`` copies for :data:`AUTO_TIMING_S`) is higher for it than for
+        """Settle ``vector=auto`` once, on this machine: envpool where ``rate(factory,
+        seconds)`` (env steps per second, timed for :data:`AUTO_TIMING_S`; the trainer times an
+        actor's loop, by default raw stepping of ``num_envs`` copies) is higher for it than for
         :class:`SameStepVectorEnv`, each timed twice, interleaved; else ``python``. Which is
         faster depends on the CPU and on what runs between the steps, so no fixed list
         decides. The answer is kept, so the actors of a run (the factory is pickled after it
@@ -173,12 +173,12 @@ class EnvFactory:
         ):
             return self.vector
         if rate is None:
-            rate = lambda factory: steps_per_second(factory, num_envs, AUTO_TIMING_S)  # noqa: E731
+            rate = lambda factory, seconds: steps_per_second(factory, num_envs, seconds)  # noqa: E731
         rates: dict[str, float] = {"python": 0.0, "envpool": 0.0}
         for _ in range(2):
             for name in rates:
                 candidate = EnvFactory(self.env_id, None, self.max_episode_steps, name)
-                rates[name] = max(rates[name], rate(candidate))
+                rates[name] = max(rates[name], rate(candidate, AUTO_TIMING_S))
         self.vector = max(rates, key=rates.__getitem__)
         logging.getLogger(__name__).info(
             "env.vector=auto: %s x%d steps %.0f env steps/s in envpool, %.0f in python; using %s",
