@@ -6,7 +6,8 @@ Prints
    skip 4) in one actor's vector env of 8 (ale-py's C++ one with the preset's
    ``env.kwargs.vector=ale``), acting (the Nature CNN's policy forward per observation, at
    the batch of one actor's envs) and learning (forward, backward and RMSProp per sample at
-   the preset's unroll x batch, 80 x 8);
+   the preset's unroll x batch, 80 x 8), times ``algorithm.num_passes`` (each pass over a
+   batch is a full update);
 2. the compute bound: 2 cores / (env + acting + learning per step);
 3. training env steps/s (and frames/s = 4x) of the ``pong`` preset (unroll 80, batch 8: one
    actor of 8 envs) for ``--seconds`` seconds (actor start-up excluded: the rate is taken
@@ -71,7 +72,8 @@ def per_step_costs(overrides: list[str]) -> dict[str, float]:
     B = cfg.algorithm.envs_per_actor * cfg.algorithm.actors_batch_size
     learner = Learner(model, cfg.algorithm)
     batch = batch_for(T, B, env.observation_space.shape, int(env.action_space.n))
-    learn_s = median_time(lambda: learner.update(batch), 3) / (T * B)
+    passes = cfg.algorithm.num_passes
+    learn_s = passes * median_time(lambda: learner.update(batch), 3) / (T * B)
     env.close()
     return {"env": env_s, "act": act_s, "learn": learn_s}
 
