@@ -96,7 +96,8 @@ def test_short_pong_run_completes_with_all_events(tmp_path):
         run_dir=tmp_path,
     )
     assert summary["stopped_because"] == "n_epochs"
-    assert summary["updates"] == 2 and summary["env_steps"] == 2 * 2 * 2 * 10
+    passes = load_config("pong").algorithm.num_passes  # optimizer steps per batch
+    assert summary["updates"] == 2 * passes and summary["env_steps"] == 2 * 2 * 2 * 10
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     for name in (
         "policy_loss/0",
