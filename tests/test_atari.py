@@ -98,7 +98,9 @@ def test_short_pong_run_completes_with_all_events(tmp_path):
     assert summary["stopped_because"] == "n_epochs"
     passes = load_config("pong").algorithm.num_passes  # optimizer steps per batch
     assert summary["updates"] == 2 * passes and summary["env_steps"] == 2 * 2 * 2 * 10
-    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    # The epoch's latest row: a background evaluation writes it again with its results.
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["epoch"] == 1
     for name in (
         "policy_loss/0",
         "critic_value_loss/0",
