@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ import impala_rl
 from impala_rl.config import ConfigError, load_config
 from impala_rl.nn import ActorCritic
 from impala_rl.nn.encoders import ImpalaResNet, MLPEncoder, NatureCNN, make_encoder
+from impala_rl.plot import load_metrics
 from impala_rl.rollout import ActorLoop, rollout_spec_for
 
 pytest.importorskip("ale_py")
@@ -98,8 +98,8 @@ def test_short_pong_run_completes_with_all_events(tmp_path):
     assert summary["stopped_because"] == "n_epochs"
     passes = load_config("pong").algorithm.num_passes  # optimizer steps per batch
     assert summary["updates"] == 2 * passes and summary["env_steps"] == 2 * 2 * 2 * 10
-    # The epoch's latest row: a background evaluation writes it again with its results.
-    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    # One row per epoch, the latest winning: a background evaluation writes it again.
+    (row,) = load_metrics(tmp_path)
     assert row["epoch"] == 1
     for name in (
         "policy_loss/0",
