@@ -221,6 +221,14 @@ def test_scalar_for_a_section_names_the_field(override, field):
             "max_env_steps",
         ),
         (["algorithm.lr_schedule=cosine"], "algorithm.lr_schedule", "constant | linear"),
+        (
+            ["algorithm.entropy_schedule=linear", "max_env_steps=null"],
+            "algorithm.entropy_decay_env_steps",
+            "max_env_steps",
+        ),
+        (["algorithm.entropy_schedule=exp"], "algorithm.entropy_schedule", "constant | linear"),
+        (["algorithm.entropy_coef_final=-0.1"], "algorithm.entropy_coef_final", ">= 0"),
+        (["algorithm.entropy_decay_env_steps=0"], "algorithm.entropy_decay_env_steps", ">= 1"),
     ],
 )
 def test_out_of_range_values_name_the_field_and_what_is_valid(overrides, field, valid):

@@ -34,7 +34,7 @@ from impala_rl.events import (
     epoch_stats,
     event_specs,
 )
-from impala_rl.learner import Learner, scheduled_lr
+from impala_rl.learner import Learner, scheduled_entropy_coef, scheduled_lr
 from impala_rl.nn.factory import build_model
 from impala_rl.stats import EpochStatsAggregator, EventRecorder, stat_name
 from impala_rl.trainer import Trainer
@@ -61,6 +61,12 @@ LINEAR_LR = [
     "algorithm.lr_schedule=linear",
     "algorithm.lr_decay_env_steps=4000",
     "algorithm.lr_final=1e-4",
+]
+# A decaying entropy weight, for the same reason.
+LINEAR_ENTROPY = [
+    "algorithm.entropy_schedule=linear",
+    "algorithm.entropy_decay_env_steps=8000",
+    "algorithm.entropy_coef_final=0.001",
 ]
 ROW_EXTRAS = {"epoch", "env_steps", "wall_time_s"}  # written by the trainer, not events
 TIME_EVENTS = (
@@ -95,9 +101,9 @@ def _expected_names(group: object = 0) -> dict[str, set[str]]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One short real run with TensorBoard and a linear learning-rate schedule."""
+    """One short real run with TensorBoard and linear learning-rate and entropy schedules."""
     run_dir = tmp_path_factory.mktemp("events") / "run"
-    cfg = load_config("cartpole", [*SHORT, *LINEAR_LR])
+    cfg = load_config("cartpole", [*SHORT, *LINEAR_LR, *LINEAR_ENTROPY])
     trainer = Trainer(cfg, run_dir=run_dir)
     summary = trainer.train()
     return types.SimpleNamespace(
@@ -171,6 +177,19 @@ def test_learning_rate_is_the_schedules_value_for_the_last_update(run):
     assert run.trainer.learner.learning_rate == pytest.approx(
         scheduled_lr(alg, run.summary["env_steps"], run.cfg.max_env_steps)
     )
+
+
+def test_entropy_coef_is_the_schedules_value_for_the_last_update(run):
+    alg = run.cfg.algorithm
+    for row in run.rows:
+        steps_before_last_update = row["total_env_steps"] - STEPS_PER_UPDATE
+        expected = scheduled_entropy_coef(alg, steps_before_last_update, run.cfg.max_env_steps)
+        assert row["entropy_coef"] == pytest.approx(expected, rel=1e-12)
+        assert alg.entropy_coef_final < row["entropy_coef"] < alg.entropy_coef
+    # by hand: linear from 0.01 to 0.001 over 8000 env steps
+    steps = run.summary["env_steps"]
+    assert steps < 8000
+    assert run.trainer.learner.entropy_coef == pytest.approx(0.01 + (0.001 - 0.01) * steps / 8000)
 
 
 def test_episode_and_learner_values_are_consistent(run):

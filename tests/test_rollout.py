@@ -377,6 +377,23 @@ def test_no_value_leaks_across_an_autoreset(monkeypatch):
     torch.testing.assert_close(other["out"].vs[:3], base[:3])
 
 
+def test_learner_weighs_the_entropy_bonus_by_its_current_coefficient():
+    """The total loss holds ``entropy_coef * -mean(H)`` with the weight the trainer last set
+    (the schedule's), not the config's initial value."""
+    model = make_model()
+    batch = learner_batch(model)
+    losses = {}
+    for coef in (0.0, 0.5):
+        learner = Learner(copy.deepcopy(model), learner_cfg(entropy_coef=0.01))
+        learner.entropy_coef = coef
+        stats = learner.update(batch)
+        assert stats.entropy_coef == coef
+        losses[coef] = (stats.total_loss, stats.policy_entropy[0])
+    (without, entropy), (with_half, _) = losses[0.0], losses[0.5]
+    assert entropy > 0.1
+    assert with_half - without == pytest.approx(-0.5 * entropy, rel=1e-5)
+
+
 def test_learner_update_end_to_end_reports_policy_lag():
     model = make_model()
     batch = learner_batch(model)

@@ -215,12 +215,14 @@ def test_without_burn_in_the_policy_trains_in_epoch_one(tmp_path, initial_weight
 # -- resume --------------------------------------------------------------------------------------
 
 
-def test_resume_continues_counters_and_lr_schedule(tmp_path, monkeypatch):
+def test_resume_continues_counters_and_schedules(tmp_path, monkeypatch):
     used_lr: list[float] = []
+    used_entropy_coef: list[float] = []
     update = Learner.update
 
     def recording_update(self, batch, train_policy=True, fresh=True):
         used_lr.append(self.learning_rate)
+        used_entropy_coef.append(self.entropy_coef)
         return update(self, batch, train_policy=train_policy, fresh=fresh)
 
     monkeypatch.setattr(Learner, "update", recording_update)
@@ -229,6 +231,10 @@ def test_resume_continues_counters_and_lr_schedule(tmp_path, monkeypatch):
         "algorithm.lr_schedule=linear",
         "algorithm.lr_final=0.0",
         "algorithm.lr_decay_env_steps=20000",
+        "algorithm.entropy_coef=0.02",
+        "algorithm.entropy_schedule=linear",
+        "algorithm.entropy_coef_final=0.002",
+        "algorithm.entropy_decay_env_steps=400",
     ]
     first = _train(tmp_path, "algorithm.n_epochs=2", "algorithm.epoch_length=2", *schedule)
     assert (first["epochs"], first["updates"]) == (2, 4)
@@ -249,6 +255,10 @@ def test_resume_continues_counters_and_lr_schedule(tmp_path, monkeypatch):
     expected = [scheduled_lr(cfg.algorithm, k * STEPS_PER_UPDATE, None) for k in range(8)]
     assert used_lr == pytest.approx(expected, rel=1e-9)
     assert all(a > b for a, b in zip(used_lr, used_lr[1:], strict=False))
+    # the entropy weight likewise, held at its final value once its horizon has passed
+    expected = [0.02 + (0.002 - 0.02) * min(1.0, k * STEPS_PER_UPDATE / 400) for k in range(8)]
+    assert used_entropy_coef == pytest.approx(expected, rel=1e-9)
+    assert 7 * STEPS_PER_UPDATE > 400 > 6 * STEPS_PER_UPDATE
 
     rows = _metrics(tmp_path)
     assert [row["epoch"] for row in rows] == [1, 2, 3, 4]

@@ -25,7 +25,7 @@ PRESETS_DIR = Path(__file__).parent / "configs"
 
 REWARD_CLIPPING_MODES = ("none", "abs_one", "soft_asymmetric")
 OPTIMIZERS = ("adam", "rmsprop")
-LR_SCHEDULES = ("constant", "linear")
+SCHEDULES = ("constant", "linear")
 BACKENDS = ("sequential", "subprocess", "ray")
 START_METHODS = ("forkserver", "spawn", "fork")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")
@@ -88,7 +88,15 @@ class ImpalaAlgorithmConfig:
     value_loss_coef: float = 0.5
     """Weight of the baseline (critic) loss."""
     entropy_coef: float = 0.01
-    """Weight of the entropy bonus."""
+    """Weight of the entropy bonus (the schedule's initial value)."""
+    entropy_schedule: str = "constant"
+    """``constant`` or ``linear`` (decays to ``entropy_coef_final`` over
+    ``entropy_decay_env_steps``): a high bonus while the value function is still noise, a low
+    one once the policy has found what pays."""
+    entropy_coef_final: float = 0.0
+    """Final entropy weight of the linear schedule."""
+    entropy_decay_env_steps: int | None = None
+    """Env steps over which the linear entropy schedule decays (``null``: ``max_env_steps``)."""
     max_grad_norm: float | None = 40.0
     """Clip the global gradient norm to this value (``null`` or ``0``: no clipping)."""
     optimizer: str = "adam"
@@ -465,12 +473,15 @@ RULES: dict[str, Rule] = {
     "algorithm.n_rollout_steps": at_least(1, integer=True),
     "algorithm.lr": above(0),
     "algorithm.lr_final": at_least(0),
-    "algorithm.lr_schedule": one_of(LR_SCHEDULES),
+    "algorithm.lr_schedule": one_of(SCHEDULES),
     "algorithm.lr_decay_env_steps": at_least(1, integer=True, nullable=True),
     "algorithm.gamma": unit_interval(),
     "algorithm.policy_loss_coef": at_least(0),
     "algorithm.value_loss_coef": at_least(0),
     "algorithm.entropy_coef": at_least(0),
+    "algorithm.entropy_coef_final": at_least(0),
+    "algorithm.entropy_schedule": one_of(SCHEDULES),
+    "algorithm.entropy_decay_env_steps": at_least(1, integer=True, nullable=True),
     "algorithm.max_grad_norm": at_least(0, nullable=True),
     "algorithm.optimizer": one_of(OPTIMIZERS),
     "algorithm.adam_betas": Rule(
@@ -603,12 +614,17 @@ def validate(cfg: RunConfig) -> None:
             "sees n more updates than its first)",
             a.max_policy_lag,
         )
-    if a.lr_schedule == "linear" and a.lr_decay_env_steps is None and cfg.max_env_steps is None:
-        _refuse(
-            "algorithm.lr_decay_env_steps",
-            "an integer >= 1 (or set max_env_steps) when lr_schedule is linear",
-            a.lr_decay_env_steps,
-        )
+    for schedule, horizon in (("lr", "lr_decay_env_steps"), ("entropy", "entropy_decay_env_steps")):
+        if (
+            getattr(a, f"{schedule}_schedule") == "linear"
+            and getattr(a, horizon) is None
+            and cfg.max_env_steps is None
+        ):
+            _refuse(
+                f"algorithm.{horizon}",
+                f"an integer >= 1 (or set max_env_steps) when {schedule}_schedule is linear",
+                getattr(a, horizon),
+            )
     m = cfg.model
     for key in ("actor_hidden_sizes", "critic_hidden_sizes"):
         if getattr(m, key) is not None and (m.shared_torso or m.encoder != "mlp"):

@@ -163,6 +163,10 @@ class ImpalaEvents:
     def learning_rate(self, value):
         """Learning rate used for the update."""
 
+    @epoch_stats("last")
+    def entropy_coef(self, value):
+        """Weight of the entropy bonus used for the update."""
+
     @epoch_stats("mean", "min", "max")
     def policy_lag(self, value):
         """Updates between the policy that produced a rollout and the learner's."""

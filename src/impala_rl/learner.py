@@ -40,6 +40,7 @@ class UpdateStats:
     vtrace_clipped_fraction: dict[int, float]
     policy_lag: list[int]
     learning_rate: float
+    entropy_coef: float
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -77,13 +78,27 @@ def load_optimizer_state(
                     )
 
 
+def linear_decay(initial: float, final: float, env_steps: int, horizon: int | None) -> float:
+    """``initial`` moved linearly to ``final`` over ``horizon`` env steps, then held."""
+    frac = min(1.0, env_steps / horizon) if horizon else 0.0
+    return initial + (final - initial) * frac
+
+
 def scheduled_lr(cfg: ImpalaAlgorithmConfig, env_steps: int, max_env_steps: int | None) -> float:
     """The learning rate after ``env_steps`` under the configured schedule."""
     if cfg.lr_schedule == "constant":
         return cfg.lr
-    horizon = cfg.lr_decay_env_steps or max_env_steps
-    frac = min(1.0, env_steps / horizon) if horizon else 0.0
-    return cfg.lr + (cfg.lr_final - cfg.lr) * frac
+    return linear_decay(cfg.lr, cfg.lr_final, env_steps, cfg.lr_decay_env_steps or max_env_steps)
+
+
+def scheduled_entropy_coef(
+    cfg: ImpalaAlgorithmConfig, env_steps: int, max_env_steps: int | None
+) -> float:
+    """The entropy bonus's weight after ``env_steps`` under the configured schedule."""
+    if cfg.entropy_schedule == "constant":
+        return cfg.entropy_coef
+    horizon = cfg.entropy_decay_env_steps or max_env_steps
+    return linear_decay(cfg.entropy_coef, cfg.entropy_coef_final, env_steps, horizon)
 
 
 def _grad_norm(params: list[torch.nn.Parameter]) -> float:
@@ -225,6 +240,7 @@ class Learner:
         self.cfg = cfg
         self.optimizer = make_optimizer(self.model, cfg)
         self.num_updates = 0
+        self.entropy_coef = cfg.entropy_coef  # the trainer moves it along its schedule
         self._policy_params = {k: model.policy_parameters(k) for k in model.step_keys}
         self._critic_params = {c: model.critic_parameters(c) for c in model.critic_keys}
         self._popart = model.popart_heads()  # {critic key: PopArt head}
@@ -329,7 +345,7 @@ class Learner:
             total = total + cfg.value_loss_coef * value_loss[c]
         if train_policy:
             for k in pg_loss:
-                total = total + cfg.policy_loss_coef * pg_loss[k] + cfg.entropy_coef * ent_loss[k]
+                total = total + cfg.policy_loss_coef * pg_loss[k] + self.entropy_coef * ent_loss[k]
         if not bool(torch.isfinite(total)):
             raise NonFiniteError(
                 f"loss is not finite (policy {[float(x) for x in pg_loss.values()]}, value "
@@ -372,5 +388,6 @@ class Learner:
             vtrace_clipped_fraction=clipped,
             policy_lag=(self.num_updates - 1 - batch["policy_version"]).tolist(),
             learning_rate=self.learning_rate,
+            entropy_coef=self.entropy_coef,
             timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},
         )

@@ -33,7 +33,13 @@ from impala_rl.evaluation import (
     evaluate,
 )
 from impala_rl.events import ImpalaEvents, RunEvents
-from impala_rl.learner import Learner, NonFiniteError, load_optimizer_state, scheduled_lr
+from impala_rl.learner import (
+    Learner,
+    NonFiniteError,
+    load_optimizer_state,
+    scheduled_entropy_coef,
+    scheduled_lr,
+)
 from impala_rl.malloc import keep_freed_memory
 from impala_rl.nn import ActorCritic
 from impala_rl.nn.factory import build_model_for_env
@@ -264,7 +270,7 @@ class Trainer:
         actors.policy_version = self.learner.num_updates
         self.recent_returns: deque[float] = deque(self._restored_recent_returns, maxlen=100)
         self._start_wall = time.perf_counter() - c.wall_time_s
-        self.learner.set_learning_rate(scheduled_lr(cfg.algorithm, c.env_steps, cfg.max_env_steps))
+        self._follow_schedules()
         self.evaluator = None
         self._background_epoch = -1  # the epoch whose weights were last sent to be evaluated
         self._last_epoch_stats: dict[str, float] = {}
@@ -336,8 +342,7 @@ class Trainer:
                 actors.broadcast_updated_policy(self.learner.model.state_dict())
             c.updates = self.learner.num_updates
             c.env_steps += collected.env_steps
-            lr = scheduled_lr(cfg.algorithm, c.env_steps, cfg.max_env_steps)
-            self.learner.set_learning_rate(lr)
+            self._follow_schedules()
         t_end = time.perf_counter()
         for stats in passes[1:]:
             self._record_learner(stats)
@@ -403,6 +408,12 @@ class Trainer:
         ev.time_update(total_time)
         ev.dropped_stale_rollouts(collected.dropped_stale)
 
+    def _follow_schedules(self) -> None:
+        """The learning rate and entropy weight scheduled for the env steps so far."""
+        alg, steps, horizon = self.cfg.algorithm, self.counters.env_steps, self.cfg.max_env_steps
+        self.learner.set_learning_rate(scheduled_lr(alg, steps, horizon))
+        self.learner.entropy_coef = scheduled_entropy_coef(alg, steps, horizon)
+
     def _record_learner(self, stats: Any) -> None:
         """One optimizer step's events (one per pass over a batch)."""
         ev = self.impala_events
@@ -419,6 +430,7 @@ class Trainer:
         ev.total_loss(stats.total_loss)
         ev.grad_norm(stats.grad_norm)
         ev.learning_rate(stats.learning_rate)
+        ev.entropy_coef(stats.entropy_coef)
         for lag in stats.policy_lag:
             ev.policy_lag(lag)
 
