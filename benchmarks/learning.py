@@ -171,7 +171,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+RESUME_HINT = "interrupted: the trainer kept its checkpoint; the same command resumes"
+
+
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    print(RESUME_HINT, file=sys.stderr, flush=True)
     raise SystemExit(128 + signum)  # run_seed stops its trainer (which checkpoints) on the way out
 
 
@@ -221,4 +225,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C: run_seed has stopped the trainer on the way out
+        print(RESUME_HINT, file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None

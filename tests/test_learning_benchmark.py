@@ -95,9 +95,16 @@ def test_a_killed_benchmark_resumes_its_seeds_and_writes_json_and_png(tmp_path):
     assert _commands(out) == commands
 
 
-def test_sigterm_stops_the_benchmark_and_its_trainer_with_a_checkpoint(tmp_path):
-    """`kill PID` (what the module docstring tells users of --background) must not leave the
-    trainer running on its own."""
+@pytest.mark.parametrize(
+    "signum, to_group",
+    [
+        (signal.SIGTERM, False),  # `kill PID`, what the docstring tells users of --background
+        (signal.SIGINT, True),  # Ctrl-C in a terminal: the whole foreground group
+    ],
+    ids=["kill", "ctrl-c"],
+)
+def test_a_stopped_benchmark_stops_its_trainer_with_a_checkpoint(tmp_path, signum, to_group):
+    """Neither must leave the trainer running on its own, nor end in a traceback."""
     out = tmp_path / "bench"
     args = [sys.executable, str(SCRIPT), "cartpole", "--steps", "10000000", "--out", str(out)]
     run_dir = out / "seed0" / "run"
@@ -105,14 +112,23 @@ def test_sigterm_stops_the_benchmark_and_its_trainer_with_a_checkpoint(tmp_path)
         [*args, "log.tensorboard=false", "algorithm.epoch_length=4"],
         env=_env(),
         start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 120
         while len(_epochs(run_dir)) < 2 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.poll() is None and _epochs(run_dir), "the benchmark did not start training"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) != 0
+        if to_group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signum
+        assert "Traceback" not in stderr
+        assert "the same command resumes" in stderr
         left = subprocess.run(
             ["pgrep", "-g", str(proc.pid)], capture_output=True, text=True
         ).stdout.split()
