@@ -6,7 +6,8 @@ rules (``target_return``, ``patience``, ``n_epochs``) are switched off so every 
 the whole budget; ``key=value`` overrides after the preset are passed on (and win). A seed
 whose run directory has a checkpoint continues with ``impala train --resume`` (a killed
 benchmark is started again with the same command); one that already spent its budget is only
-re-read. Then it writes:
+re-read. Overrides that would change an existing run's settings are refused before anything
+starts (a resume trains with the run's saved config). Then it writes:
 
 - ``OUT/seed<S>.json``: env steps and wall time (the trainer's, which a resume continues) at
   which the training return (mean of the last 100 training episodes) first reached each
@@ -71,6 +72,48 @@ def budget_spent(run_dir: Path, steps: int) -> bool:
     return data.get("stopped_because") not in ("interrupted", "error") and (
         data.get("env_steps", 0) >= steps
     )
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changed_by(run_dir: Path, overrides: list[str]) -> dict[str, tuple[Any, Any]]:
+    """The settings of an existing run that ``overrides`` would change: ``{key: (saved,
+    override)}``. A resume trains with the run's saved config, so a changed override would be
+    silently ignored and the JSON's command would not reproduce the run."""
+    from impala_rl.config import to_dict
+    from impala_rl.trainer import load_run_config
+
+    saved = _flat(to_dict(load_run_config(run_dir)))
+    wanted = _flat(to_dict(load_run_config(run_dir, overrides)))
+    return {k: (saved[k], wanted[k]) for k in saved if saved[k] != wanted[k]}
+
+
+def refuse_changed_settings(out: Path, seeds: list[int], overrides: list[str]) -> None:
+    """Exit (status 2) before anything starts if a seed's existing run has other settings."""
+    for seed in seeds:
+        run_dir = run_dir_of(out, seed)
+        if not overrides or not (run_dir / "checkpoints" / "last.pt").is_file():
+            continue
+        changed = changed_by(run_dir, overrides)
+        if changed:
+            listed = ", ".join(
+                f"{k}={new!r} (the run has {old!r})" for k, (old, new) in changed.items()
+            )
+            print(
+                f"learning.py: error: seed {seed}'s run in {run_dir} was started with other "
+                f"settings: the overrides would change {listed}. Give the run's overrides to "
+                "continue it, or another --out for a new run.",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
 
 
 def run_seed(preset: str, seed: int, steps: int, overrides: list[str], out: Path) -> None:
@@ -184,6 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    refuse_changed_settings(out, args.seeds, args.overrides)
     if args.background:
         log = (out / "learning.log").open("a")
         rest = [a for a in argv if a != "--background"]

@@ -95,6 +95,32 @@ def test_a_killed_benchmark_resumes_its_seeds_and_writes_json_and_png(tmp_path):
     assert _commands(out) == commands
 
 
+def test_overrides_that_would_change_an_existing_run_are_refused(tmp_path):
+    """A resume trains with the run's saved config: changed overrides would be ignored, and
+    the summary's command would claim settings the run did not have."""
+    out = tmp_path / "bench"
+    base = [sys.executable, str(SCRIPT), "cartpole", "--steps", "1000", "--out", str(out)]
+    quiet = ["log.tensorboard=false", "algorithm.epoch_length=4"]
+    subprocess.run([*base, *quiet, "algorithm.lr=0.001"], env=_env(), check=True, timeout=120)
+    commands = _commands(out)
+    # the same settings, written differently, only re-read the finished run
+    subprocess.run([*base, *quiet, "algorithm.lr=1e-3"], env=_env(), check=True, timeout=120)
+    other = subprocess.run(
+        [*base, *quiet, "algorithm.lr=0.002", "algorithm.gamma=0.9"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert other.returncode == 2
+    assert "Traceback" not in other.stderr
+    (line,) = other.stderr.strip().splitlines()
+    assert "algorithm.lr=0.002 (the run has 0.001)" in line
+    assert "algorithm.gamma=0.9 (the run has 0.99)" in line
+    assert "--out" in line
+    assert _commands(out) == commands  # nothing trained
+
+
 @pytest.mark.parametrize(
     "signum, to_group",
     [
