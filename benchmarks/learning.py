@@ -98,11 +98,17 @@ def changed_by(run_dir: Path, overrides: list[str]) -> dict[str, tuple[Any, Any]
 
 def refuse_changed_settings(out: Path, seeds: list[int], overrides: list[str]) -> None:
     """Exit (status 2) before anything starts if a seed's existing run has other settings."""
+    from impala_rl.config import ConfigError
+
     for seed in seeds:
         run_dir = run_dir_of(out, seed)
         if not overrides or not (run_dir / "checkpoints" / "last.pt").is_file():
             continue
-        changed = changed_by(run_dir, overrides)
+        try:
+            changed = changed_by(run_dir, overrides)
+        except ConfigError as exc:
+            print(f"learning.py: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         if changed:
             listed = ", ".join(
                 f"{k}={new!r} (the run has {old!r})" for k, (old, new) in changed.items()

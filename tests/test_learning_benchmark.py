@@ -118,6 +118,15 @@ def test_overrides_that_would_change_an_existing_run_are_refused(tmp_path):
     assert "algorithm.lr=0.002 (the run has 0.001)" in line
     assert "algorithm.gamma=0.9 (the run has 0.99)" in line
     assert "--out" in line
+    typo = subprocess.run(
+        [*base, *quiet, "algorithm.lrr=0.001"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert typo.returncode == 2 and "Traceback" not in typo.stderr
+    assert "algorithm.lrr" in typo.stderr
     assert _commands(out) == commands  # nothing trained
 
 
