@@ -88,12 +88,13 @@ def changed_by(run_dir: Path, overrides: list[str]) -> dict[str, tuple[Any, Any]
     """The settings of an existing run that ``overrides`` would change: ``{key: (saved,
     override)}``. A resume trains with the run's saved config, so a changed override would be
     silently ignored and the JSON's command would not reproduce the run."""
-    from impala_rl.config import to_dict
+    from impala_rl.config import load_config, to_dict
     from impala_rl.trainer import load_run_config
 
-    saved = _flat(to_dict(load_run_config(run_dir)))
-    wanted = _flat(to_dict(load_run_config(run_dir, overrides)))
-    return {k: (saved[k], wanted[k]) for k in saved if saved[k] != wanted[k]}
+    saved = to_dict(load_run_config(run_dir))  # one read of the checkpoint
+    wanted = _flat(to_dict(load_config(base=saved, overrides=overrides)))
+    flat_saved = _flat(saved)
+    return {k: (v, wanted[k]) for k, v in flat_saved.items() if v != wanted[k]}
 
 
 def refuse_changed_settings(out: Path, seeds: list[int], overrides: list[str]) -> None:
