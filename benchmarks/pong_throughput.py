@@ -9,11 +9,20 @@ Prints
    the preset's unroll x batch, 80 x 8), times ``algorithm.num_passes`` (each pass over a
    batch is a full update);
 2. the compute bound: 2 cores / (env + acting + learning per step);
-3. training env steps/s (and frames/s = 4x) of the ``pong`` preset (unroll 80, batch 8: one
-   actor of 8 envs) for ``--seconds`` seconds (actor start-up excluded: the rate is taken
-   between the first and last epoch), and its ratio to the bound.
+3. the training rate of the ``pong`` preset (one actor of 8 envs, unroll 80, batch 8) and its
+   ratio to the bound, in one of two ways:
 
-    python benchmarks/pong_throughput.py                 # 60 s of training
+   - ``--steps N`` (the default, 192,000 = three of the preset's epochs): the whole process
+     as a user runs it, ``impala train pong max_env_steps=N`` in a new Python, timed from its
+     start to its exit: imports, start-up, the preset's evaluation (4 episodes in the
+     background after each epoch, the last one waited for), checkpoints and shut-down
+     included. The steady rate between its first and last epoch is printed next to it.
+   - ``--seconds S``: the steady rate alone, in this process, for S seconds with an epoch
+     every 12.8k steps and a one-step evaluation (actor start-up and evaluation excluded:
+     the rate is taken between the first and last epoch).
+
+    python benchmarks/pong_throughput.py                 # whole process, 192k env steps
+    python benchmarks/pong_throughput.py --seconds 45    # steady rate, 45 s of training
     python benchmarks/pong_throughput.py --seconds 20 runner.backend=sequential
     python benchmarks/pong_throughput.py env.kwargs.vector=python   # Gymnasium's wrappers
 """
@@ -22,7 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -102,9 +114,43 @@ def training_rate(seconds: float, overrides: list[str]) -> tuple[float, dict]:
     return summary["env_steps"] / summary["wall_time_s"], summary
 
 
+def whole_process_rate(steps: int, overrides: list[str]) -> tuple[float, float | None, int]:
+    """``impala train pong max_env_steps=steps`` in a new Python: env steps over the time from
+    its start to its exit, the steady rate between its first and last epoch (``None`` with
+    fewer than two epochs), and the env steps it took."""
+    with tempfile.TemporaryDirectory(prefix="impala-pong-") as run_dir:
+        command = [
+            sys.executable,
+            *("-m", "impala_rl.cli", "train", "pong"),
+            f"max_env_steps={steps}",
+            "target_return=null",
+            *overrides,
+            *("--run-dir", run_dir),
+        ]
+        log = Path(run_dir, "train.log")
+        with log.open("w") as out:
+            start = time.perf_counter()
+            code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode
+            wall = time.perf_counter() - start
+        if code != 0:
+            raise SystemExit(f"training failed ({code}):\n{log.read_text()[-3000:]}")
+        rows = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").open()]
+        taken = json.loads(Path(run_dir, "summary.json").read_text())["env_steps"]
+    steady = None
+    if len(rows) >= 2:
+        steady = (rows[-1]["env_steps"] - rows[0]["env_steps"]) / (
+            rows[-1]["wall_time_s"] - rows[0]["wall_time_s"]
+        )
+    return taken / wall, steady, taken
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=60.0)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--steps", type=int, default=192_000, help="whole-process run of this many env steps"
+    )
+    mode.add_argument("--seconds", type=float, help="steady rate alone, for this many seconds")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the pong preset")
     args = parser.parse_args()
     costs = per_step_costs(args.overrides)
@@ -114,10 +160,19 @@ def main() -> None:
     for name, value in costs.items():
         print(f"  {name:<6} {value * 1e3:.3f} ms")
     print(f"compute bound: {CORES} cores / {per_step * 1e3:.3f} ms = {bound:,.0f} env steps/s")
-    rate, summary = training_rate(args.seconds, args.overrides)
+    if args.seconds is not None:
+        rate, summary = training_rate(args.seconds, args.overrides)
+        print(
+            f"training: {rate:,.0f} env steps/s ({4 * rate:,.0f} frames/s) over "
+            f"{summary['env_steps']:,} steps; {rate / bound:.2f} of the compute bound"
+        )
+        return
+    rate, steady, taken = whole_process_rate(args.steps, args.overrides)
+    between = "" if steady is None else f"; between epochs {steady:,.0f} ({steady / bound:.2f})"
     print(
-        f"training: {rate:,.0f} env steps/s ({4 * rate:,.0f} frames/s) over "
-        f"{summary['env_steps']:,} steps; {rate / bound:.2f} of the compute bound"
+        f"whole process: {rate:,.0f} env steps/s ({4 * rate:,.0f} frames/s) over {taken:,} "
+        f"steps, start-up and evaluation included; {rate / bound:.2f} of the compute bound"
+        + between
     )
 
 
