@@ -47,6 +47,7 @@ from impala_rl.envs import EnvFactory, make_vector_env
 from impala_rl.learner import Learner
 from impala_rl.malloc import keep_freed_memory
 from impala_rl.nn.factory import build_model
+from impala_rl.plot import load_metrics
 
 CORES = 2
 
@@ -90,6 +91,15 @@ def per_step_costs(overrides: list[str]) -> dict[str, float]:
     return {"env": env_s, "act": act_s, "learn": learn_s}
 
 
+def rate_between_epochs(run_dir: str) -> float | None:
+    """Env steps/s between a run's first and last epoch (``None`` with fewer than two)."""
+    rows = load_metrics(run_dir)  # one row per epoch
+    if len(rows) < 2:
+        return None
+    steps = rows[-1]["env_steps"] - rows[0]["env_steps"]
+    return steps / (rows[-1]["wall_time_s"] - rows[0]["wall_time_s"])
+
+
 def training_rate(seconds: float, overrides: list[str]) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory(prefix="impala-pong-") as run_dir:
         summary = impala_rl.train(
@@ -106,12 +116,10 @@ def training_rate(seconds: float, overrides: list[str]) -> tuple[float, dict]:
             ],
             run_dir=run_dir,
         )
-        rows = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").open()]
-    if len(rows) >= 2:
-        steps = rows[-1]["env_steps"] - rows[0]["env_steps"]
-        elapsed = rows[-1]["wall_time_s"] - rows[0]["wall_time_s"]
-        return steps / elapsed, summary
-    return summary["env_steps"] / summary["wall_time_s"], summary
+        steady = rate_between_epochs(run_dir)
+    if steady is None:
+        steady = summary["env_steps"] / summary["wall_time_s"]
+    return steady, summary
 
 
 def whole_process_rate(steps: int, overrides: list[str]) -> tuple[float, float | None, int]:
@@ -134,13 +142,8 @@ def whole_process_rate(steps: int, overrides: list[str]) -> tuple[float, float |
             wall = time.perf_counter() - start
         if code != 0:
             raise SystemExit(f"training failed ({code}):\n{log.read_text()[-3000:]}")
-        rows = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").open()]
+        steady = rate_between_epochs(run_dir)
         taken = json.loads(Path(run_dir, "summary.json").read_text())["env_steps"]
-    steady = None
-    if len(rows) >= 2:
-        steady = (rows[-1]["env_steps"] - rows[0]["env_steps"]) / (
-            rows[-1]["wall_time_s"] - rows[0]["wall_time_s"]
-        )
     return taken / wall, steady, taken
 
 
