@@ -77,6 +77,7 @@ def make_actors(
     max_actor_restarts: int = 3,
     shutdown_timeout_s: float = 5.0,
     normalize_obs: bool = False,
+    hidden_sizes: tuple[int, ...] = (16,),
     **algorithm: object,
 ) -> DistributedActors:
     """A small actor backend on CartPole (or ``env_id``) with a seeded random MLP policy."""
@@ -86,7 +87,9 @@ def make_actors(
     probe.close()
     torch.manual_seed(1234)
     model = build_model(
-        ModelConfig(hidden_sizes=[16], normalize_obs=normalize_obs), observation_space, action_space
+        ModelConfig(hidden_sizes=list(hidden_sizes), normalize_obs=normalize_obs),
+        observation_space,
+        action_space,
     )
     if normalize_obs:  # statistics far from the identity, so that using them shows
         model.obs_norm.update(torch.randn(64, *observation_space.shape) * 0.1 + 0.5)
@@ -593,6 +596,23 @@ def test_cli_interrupt_stops_cleanly_without_orphans(tmp_path, how):
             os.killpg(session, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_many_slots_and_parameters_reach_actor_processes():
+    """An actor process gets one file descriptor per slot field, not per slot or parameter:
+    the forkserver refuses 256 or more, which 16 actors with a batch of 4 unrolls reached."""
+    actors = make_actors(
+        "subprocess",
+        hidden_sizes=(8,) * 130,  # 262 parameter tensors
+        envs_per_actor=1,
+        n_rollout_steps=2,
+        actors_batch_size=64,  # 130 slots
+    )
+    with actors:
+        assert len(actors.slots) >= 130
+        out = actors.collect_outputs("cpu")
+    assert out.batch["action"].shape == (3, 64)
+    assert out.env_steps == 128
 
 
 def test_no_shared_memory_left_behind():

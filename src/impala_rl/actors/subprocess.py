@@ -4,6 +4,9 @@ Layout
 ------
 - ``num_slots = max_waiting + num_actors + actors_batch_size`` slots (dicts of shared
   tensors, ``[T+1, N, ...]``; uint8 stays uint8), created once. Only slot *indices* travel.
+  Each field is one shared tensor ``[num_slots, ...]`` whose rows are the slots, and the policy
+  travels pickled by value: an actor process receives a file descriptor per field and two for
+  the weights, however many slots or parameters (the forkserver passes fewer than 256).
 - Each actor owns one pipe to the learner process. The learner's dispatcher thread hands an
   actor a free slot index; the actor fills it (one unroll) and sends the index back with its
   episode statistics. At most ``max_waiting = ceil(queue_out_of_sync_factor *
@@ -47,7 +50,13 @@ import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
 from impala_rl.config import handout_lag_bound, max_waiting_rollouts
-from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, column_block
+from impala_rl.rollout import (
+    ActorLoop,
+    RolloutSpec,
+    UnrollResult,
+    allocate_fields,
+    column_block,
+)
 
 POLL_S = 0.05
 log = logging.getLogger(__name__)
@@ -96,13 +105,19 @@ class SharedWeights:
             return version
 
 
+def slot_views(store: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """Slot ``i`` of ``store`` (``{field: [num_slots, ...]}``): row ``i`` of every field."""
+    n_slots = len(next(iter(store.values())))
+    return [{k: v[i] for k, v in store.items()} for i in range(n_slots)]
+
+
 # -- the actor process --------------------------------------------------------------------------
 def _actor_main(
     actor_index: int,
     conn: Connection,
     env_factory: Any,
-    model: torch.nn.Module,
-    slots: list[dict[str, torch.Tensor]],
+    model_bytes: bytes,
+    store: dict[str, torch.Tensor],
     weights: SharedWeights,
     num_envs: int,
     unroll_length: int,
@@ -111,6 +126,8 @@ def _actor_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process handles Ctrl-C
     torch.set_num_threads(1)
     try:
+        slots = slot_views(store)
+        model = pickle.loads(model_bytes)
         loop = ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index)
         loop.policy_version = weights.read_into(loop.model, -1)
         while True:
@@ -213,7 +230,12 @@ class SubprocessDistributedActors(DistributedActors):
         probe.close()
         self.max_waiting = max_waiting_rollouts(cfg)
         n_slots = self.max_waiting + cfg.num_actors + cfg.actors_batch_size
-        self.slots = [spec.allocate(share_memory=True) for _ in range(n_slots)]
+        self._store = allocate_fields(
+            {k: ((n_slots, *shape), dtype) for k, (shape, dtype) in spec.field_shapes().items()},
+            share_memory=True,
+        )
+        self.slots = slot_views(self._store)
+        self._model_bytes = pickle.dumps(self._template)
         self._batch_spec = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size)
         self.weights = SharedWeights(self._template.state_dict())
         self.weights.publish(self._template.state_dict(), self.policy_version)
@@ -259,8 +281,8 @@ class SubprocessDistributedActors(DistributedActors):
                 actor.index,
                 child_conn,
                 self.env_factory,
-                self._template,
-                self.slots,
+                self._model_bytes,
+                self._store,
                 self.weights,
                 cfg.envs_per_actor,
                 cfg.n_rollout_steps,
