@@ -276,6 +276,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
+    # A shell's `command &` (nohup, scripts) starts it with SIGINT ignored: `kill -INT PID`
+    # would then do nothing while the trainer trains on. Ctrl-C and kill -INT both stop it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         main()
     except KeyboardInterrupt:  # Ctrl-C: run_seed has stopped the trainer on the way out

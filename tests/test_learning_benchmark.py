@@ -130,16 +130,23 @@ def test_overrides_that_would_change_an_existing_run_are_refused(tmp_path):
     assert _commands(out) == commands  # nothing trained
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell's `command &` starts it
+
+
 @pytest.mark.parametrize(
-    "signum, to_group",
+    "signum, to_group, started_with_sigint_ignored",
     [
-        (signal.SIGTERM, False),  # `kill PID`, what the docstring tells users of --background
-        (signal.SIGINT, True),  # Ctrl-C in a terminal: the whole foreground group
+        (signal.SIGTERM, False, False),  # `kill PID`, what the docstring tells users
+        (signal.SIGINT, True, False),  # Ctrl-C in a terminal: the whole foreground group
+        (signal.SIGINT, False, True),  # `kill -INT PID` of a `nohup ... &` run
     ],
-    ids=["kill", "ctrl-c"],
+    ids=["kill", "ctrl-c", "kill-int-background"],
 )
-def test_a_stopped_benchmark_stops_its_trainer_with_a_checkpoint(tmp_path, signum, to_group):
-    """Neither must leave the trainer running on its own, nor end in a traceback."""
+def test_a_stopped_benchmark_stops_its_trainer_with_a_checkpoint(
+    tmp_path, signum, to_group, started_with_sigint_ignored
+):
+    """None must leave the trainer running on its own, nor end in a traceback."""
     out = tmp_path / "bench"
     args = [sys.executable, str(SCRIPT), "cartpole", "--steps", "10000000", "--out", str(out)]
     run_dir = out / "seed0" / "run"
@@ -150,6 +157,7 @@ def test_a_stopped_benchmark_stops_its_trainer_with_a_checkpoint(tmp_path, signu
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ignore_sigint if started_with_sigint_ignored else None,
     )
     try:
         deadline = time.monotonic() + 120
