@@ -140,6 +140,10 @@ class Trainer:
     # -- set-up --------------------------------------------------------------------------------
     def _build(self) -> None:
         cfg = self.cfg
+        if cfg.runner.backend == "subprocess" and cfg.runner.start_method == "forkserver":
+            from impala_rl.actors.subprocess import start_forkserver
+
+            start_forkserver()  # its imports overlap the learner's build below
         seed_everything(cfg.seed)
         torch.set_num_threads(learner_threads(cfg))
         if cfg.runner.keep_freed_memory:

@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 import traceback
+from multiprocessing import forkserver
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -59,7 +60,15 @@ from impala_rl.rollout import (
 )
 
 POLL_S = 0.05
+FORKSERVER_PRELOAD = ["impala_rl.rollout"]  # torch and the actor loop, imported once
 log = logging.getLogger(__name__)
+
+
+def start_forkserver() -> None:
+    """Start the forkserver now rather than with the first actor, so that its imports
+    (~1.5 s) run on another core while this process builds the learner."""
+    mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    forkserver.ensure_running()
 
 
 # -- weights: a flat buffer behind a seqlock --------------------------------------------------
@@ -224,7 +233,7 @@ class SubprocessDistributedActors(DistributedActors):
             )
         self.ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
-            self.ctx.set_forkserver_preload(["impala_rl.rollout"])
+            self.ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
         probe = self.env_factory()
         spec: RolloutSpec = self.spec(probe.observation_space)
         probe.close()
