@@ -150,8 +150,14 @@ class RolloutSpec:
             fields["last_inputs"] = ((T + 1, N, self.last_inputs_size), torch.float32)
         return fields
 
-    def allocate(self, share_memory: bool = False) -> dict[str, torch.Tensor]:
-        return allocate_fields(self.field_shapes(), share_memory)
+    def allocate(
+        self, share_memory: bool = False, n_slots: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        """One slot, or with ``n_slots`` that many stacked: ``{field: [n_slots, ...]}``."""
+        shapes = self.field_shapes()
+        if n_slots is not None:
+            shapes = {k: ((n_slots, *shape), dtype) for k, (shape, dtype) in shapes.items()}
+        return allocate_fields(shapes, share_memory)
 
 
 def column_block(batch: dict[str, torch.Tensor], start: int, stop: int) -> dict[str, torch.Tensor]:

@@ -51,23 +51,17 @@ import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
 from impala_rl.config import handout_lag_bound, max_waiting_rollouts
-from impala_rl.rollout import (
-    ActorLoop,
-    RolloutSpec,
-    UnrollResult,
-    allocate_fields,
-    column_block,
-)
+from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, column_block
 
 POLL_S = 0.05
-FORKSERVER_PRELOAD = ["impala_rl.rollout"]  # torch and the actor loop, imported once
 log = logging.getLogger(__name__)
 
 
 def start_forkserver() -> None:
-    """Start the forkserver now rather than with the first actor, so that its imports
-    (~1.5 s) run on another core while this process builds the learner."""
-    mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    """Start the forkserver (it imports torch and the actor loop once, ~1.5 s, for every actor
+    it forks); called early by the trainer, so that this runs on another core while the
+    learner is built."""
+    mp.get_context("forkserver").set_forkserver_preload(["impala_rl.rollout"])
     forkserver.ensure_running()
 
 
@@ -207,9 +201,10 @@ class SubprocessDistributedActors(DistributedActors):
     # -- life cycle ----------------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
+        pickled = {}
         for name, obj in (("env factory", self.env_factory), ("policy", self._template)):
             try:
-                pickle.dumps(obj)
+                pickled[name] = pickle.dumps(obj)
             except Exception as exc:
                 raise ActorError(
                     f"the {name} {obj!r} cannot be sent to an actor process "
@@ -233,18 +228,15 @@ class SubprocessDistributedActors(DistributedActors):
             )
         self.ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
-            self.ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+            start_forkserver()  # a no-op when the trainer has started it already
         probe = self.env_factory()
         spec: RolloutSpec = self.spec(probe.observation_space)
         probe.close()
         self.max_waiting = max_waiting_rollouts(cfg)
         n_slots = self.max_waiting + cfg.num_actors + cfg.actors_batch_size
-        self._store = allocate_fields(
-            {k: ((n_slots, *shape), dtype) for k, (shape, dtype) in spec.field_shapes().items()},
-            share_memory=True,
-        )
+        self._store = spec.allocate(share_memory=True, n_slots=n_slots)
         self.slots = slot_views(self._store)
-        self._model_bytes = pickle.dumps(self._template)
+        self._model_bytes = pickled["policy"]
         self._batch_spec = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size)
         self.weights = SharedWeights(self._template.state_dict())
         self.weights.publish(self._template.state_dict(), self.policy_version)
