@@ -109,6 +109,13 @@ class ImpalaAlgorithmConfig:
     """RMSProp momentum (the paper: 0)."""
     optimizer_eps: float = 1e-8
     """Optimizer epsilon (the paper's RMSProp: 0.01)."""
+    rmsprop_initial_square_avg: float = 0.0
+    """RMSProp's mean square at the start. PyTorch starts it at 0, so the first steps are up
+    to ~10x the learning rate; TensorFlow's RMSProp (the paper's) starts it at 1 on a loss
+    summed over the batch, which is ``1 / (T * B)**2`` on our mean loss."""
+    lr_warmup_env_steps: int = 0
+    """The learning rate rises linearly from 0 to its scheduled value over this many env
+    steps (0: no warm-up)."""
     device: str = "cpu"
     """Learner device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available)."""
     queue_out_of_sync_factor: float = 1.0
@@ -491,6 +498,8 @@ RULES: dict[str, Rule] = {
     "algorithm.rmsprop_alpha": unit_interval(closed_above=False),
     "algorithm.rmsprop_momentum": at_least(0),
     "algorithm.optimizer_eps": above(0),
+    "algorithm.rmsprop_initial_square_avg": at_least(0),
+    "algorithm.lr_warmup_env_steps": at_least(0, integer=True),
     "algorithm.device": Rule(_device, "cpu | cuda | cuda:N | mps | auto"),
     # algorithm.queue_out_of_sync_factor: against actors_batch_size in validate()
     "algorithm.actors_batch_size": at_least(1, integer=True),

@@ -53,7 +53,27 @@ def optimizer_settings(cfg: ImpalaAlgorithmConfig) -> dict[str, Any]:
 
 def make_optimizer(model: torch.nn.Module, cfg: ImpalaAlgorithmConfig) -> torch.optim.Optimizer:
     kind = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.RMSprop
-    return kind(model.parameters(), lr=cfg.lr, **optimizer_settings(cfg))
+    optimizer = kind(model.parameters(), lr=cfg.lr, **optimizer_settings(cfg))
+    if cfg.optimizer == "rmsprop" and cfg.rmsprop_initial_square_avg > 0:
+        start_square_avg(optimizer, cfg.rmsprop_initial_square_avg)
+    return optimizer
+
+
+def start_square_avg(optimizer: torch.optim.Optimizer, value: float) -> None:
+    """Give every parameter RMSProp's state at step 0 with the mean square at ``value``.
+
+    The state is what ``torch.optim.RMSprop`` creates on its first step, but for the mean
+    square's start; a resume's saved state replaces it.
+    """
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            state["step"] = torch.zeros((), dtype=torch.get_default_dtype())
+            state["square_avg"] = torch.full_like(p, value, memory_format=torch.preserve_format)
+            if group["momentum"] > 0:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if group["centered"]:
+                state["grad_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def load_optimizer_state(
@@ -85,10 +105,12 @@ def linear_decay(initial: float, final: float, env_steps: int, horizon: int | No
 
 
 def scheduled_lr(cfg: ImpalaAlgorithmConfig, env_steps: int, max_env_steps: int | None) -> float:
-    """The learning rate after ``env_steps`` under the configured schedule."""
+    """The learning rate after ``env_steps`` under the configured schedule and warm-up."""
+    warmup = min(1.0, env_steps / cfg.lr_warmup_env_steps) if cfg.lr_warmup_env_steps else 1.0
     if cfg.lr_schedule == "constant":
-        return cfg.lr
-    return linear_decay(cfg.lr, cfg.lr_final, env_steps, cfg.lr_decay_env_steps or max_env_steps)
+        return warmup * cfg.lr
+    horizon = cfg.lr_decay_env_steps or max_env_steps
+    return warmup * linear_decay(cfg.lr, cfg.lr_final, env_steps, horizon)
 
 
 def scheduled_entropy_coef(
