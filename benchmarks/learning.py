@@ -89,7 +89,7 @@ def changed_by(run_dir: Path, overrides: list[str]) -> dict[str, tuple[Any, Any]
     override)}``. A resume trains with the run's saved config, so a changed override would be
     silently ignored and the JSON's command would not reproduce the run."""
     from impala_rl.config import load_config, to_dict
-    from impala_rl.trainer import load_run_config
+    from impala_rl.policy import load_run_config
 
     saved = to_dict(load_run_config(run_dir))  # one read of the checkpoint
     wanted = _flat(to_dict(load_config(base=saved, overrides=overrides)))

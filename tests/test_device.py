@@ -12,7 +12,7 @@ import torch
 
 import impala_rl
 from impala_rl import checkpoint
-from impala_rl.trainer import load_policy
+from impala_rl.policy import load_policy
 
 DEVICES = [
     "cpu",

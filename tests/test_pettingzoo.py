@@ -19,8 +19,8 @@ from impala_rl.envs.structured import StructuredVectorEnv  # noqa: E402
 from impala_rl.evaluation import evaluate  # noqa: E402
 from impala_rl.learner import Learner  # noqa: E402
 from impala_rl.nn.factory import build_model_for_env  # noqa: E402
+from impala_rl.policy import load_policy  # noqa: E402
 from impala_rl.rollout import ActorLoop, rollout_spec_for  # noqa: E402
-from impala_rl.trainer import load_policy  # noqa: E402
 
 FAST = ["log.console=false", "log.tensorboard=false"]
 # A top row for player_1 (seat 0): 0, 3, 1, 4, 2

@@ -12,7 +12,7 @@ import pytest
 import impala_rl
 from impala_rl import cli
 from impala_rl.plot import load_metrics, make_figure, plot_runs
-from impala_rl.trainer import RunDirError
+from impala_rl.rundir import RunDirError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FAST = [

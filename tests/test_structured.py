@@ -19,8 +19,9 @@ from impala_rl.envs.structured import ActorID, StructuredEnv, StructuredVectorEn
 from impala_rl.learner import Learner
 from impala_rl.nn.factory import build_model_for_env
 from impala_rl.nn.structured import StructuredActorCritic
+from impala_rl.policy import load_policy
 from impala_rl.rollout import ActorLoop, rollout_spec_for
-from impala_rl.trainer import Trainer, load_policy
+from impala_rl.trainer import Trainer
 
 FAST = ["log.console=false", "log.tensorboard=false"]
 EXAMPLE_BUDGET = 60_000  # sub-steps; the sequential run needs ~9k (seed 0)

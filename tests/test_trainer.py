@@ -15,7 +15,9 @@ from impala_rl import checkpoint
 from impala_rl import trainer as trainer_mod
 from impala_rl.config import load_config, to_dict
 from impala_rl.learner import Learner, NonFiniteError, scheduled_lr
-from impala_rl.trainer import Trainer, load_policy
+from impala_rl.policy import load_policy
+from impala_rl.rundir import RunDirError
+from impala_rl.trainer import Trainer
 
 FAST = ["log.console=false", "log.tensorboard=false", "runner.backend=sequential"]
 # The cartpole preset: 2 actors x 8 envs x 32 steps, both actors per batch.
@@ -335,7 +337,7 @@ def test_load_policy_acts_on_one_observation_and_on_a_batch(tmp_path):
 
 
 def test_load_policy_on_a_missing_run_dir_raises(tmp_path):
-    with pytest.raises(trainer_mod.RunDirError, match="best.pt"):
+    with pytest.raises(RunDirError, match="best.pt"):
         impala_rl.load_policy(tmp_path / "nope")
 
 

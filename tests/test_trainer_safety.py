@@ -20,7 +20,8 @@ from impala_rl import trainer as trainer_mod
 from impala_rl.config import ConfigError, load_config
 from impala_rl.evaluation import EvaluationResult
 from impala_rl.learner import Learner, NonFiniteError
-from impala_rl.trainer import Trainer, load_run_config
+from impala_rl.policy import load_run_config
+from impala_rl.trainer import Trainer
 from test_cli import _cmd, _env, _impala, _process_group
 from test_trainer import FAST, STEPS_PER_UPDATE, _read_summary, _train
 

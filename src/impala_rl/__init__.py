@@ -20,7 +20,8 @@ def train(
 ) -> dict[str, Any]:
     """Train as the CLI does. ``config``: a :class:`RunConfig`, a preset name or a YAML path."""
     from impala_rl.config import RunConfig, load_config, to_dict
-    from impala_rl.trainer import Trainer, load_run_config
+    from impala_rl.policy import load_run_config
+    from impala_rl.trainer import Trainer
 
     if resume:
         if run_dir is None:
@@ -35,7 +36,7 @@ def train(
 
 def load_policy(run_dir: str | Path, which: str = "best") -> Any:
     """The best (or last) policy of a finished or running run directory."""
-    from impala_rl.trainer import load_policy as _load_policy
+    from impala_rl.policy import load_policy as _load_policy
 
     return _load_policy(run_dir, which)
 

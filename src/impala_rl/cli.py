@@ -86,7 +86,8 @@ def _split_preset(items: list[str]) -> tuple[str | None, list[str]]:
 
 def _train(args: argparse.Namespace) -> int:
     from impala_rl.config import load_config
-    from impala_rl.trainer import Trainer, load_run_config
+    from impala_rl.policy import load_run_config
+    from impala_rl.trainer import Trainer
 
     preset, overrides = _split_preset(args.items)
     if args.resume:
@@ -112,7 +113,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from impala_rl.envs import EnvFactory
     from impala_rl.evaluation import evaluate
-    from impala_rl.trainer import load_policy
+    from impala_rl.policy import load_policy
 
     if args.episodes < 1:
         raise _UsageError("--episodes must be >= 1")
@@ -205,23 +206,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.items = [*args.items, *extra]
-    from impala_rl.actors import ActorError
-    from impala_rl.checkpoint import CheckpointError
     from impala_rl.config import ConfigError
-    from impala_rl.envs import EnvError
-    from impala_rl.learner import NonFiniteError
-    from impala_rl.trainer import RunDirError
+    from impala_rl.rundir import RunDirError
 
-    user_errors = (
-        ActorError,
+    user_errors: tuple[type[BaseException], ...] = (
         ConfigError,
-        EnvError,
         RunDirError,
-        CheckpointError,
-        NonFiniteError,
         _UsageError,
         NotImplementedError,
     )
+    if args.command != "plot":  # plot reads metrics.jsonl only: no torch, no envs
+        from impala_rl.checkpoint import CheckpointError
+        from impala_rl.envs import EnvError
+
+        user_errors += (EnvError, CheckpointError)
+    if args.command == "train":  # only training imports the actors and the learner
+        from impala_rl.actors import ActorError
+        from impala_rl.learner import NonFiniteError
+
+        user_errors += (ActorError, NonFiniteError)
     try:
         if args.command == "train":
             return _train(args)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from impala_rl.trainer import RunDirError
+from impala_rl.rundir import RunDirError
 
 METRICS_FILE = "metrics.jsonl"
 SINGLE_RUN_FILE = "plots.png"

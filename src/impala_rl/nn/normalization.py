@@ -1,7 +1,7 @@
 """Running observation normalization: statistics kept as module buffers.
 
 As buffers they are part of the model's state dict, so the actors' weight copies, the
-checkpoints, the evaluator and :func:`impala_rl.trainer.load_policy` all use the same
+checkpoints, the evaluator and :func:`impala_rl.policy.load_policy` all use the same
 statistics; only the learner updates them, from the observations of each training batch.
 """
 

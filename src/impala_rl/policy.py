@@ -1,0 +1,165 @@
+"""A trained policy for use outside training, and the config a run was started with.
+
+``load_policy(run_dir)`` builds the model of a run directory's checkpoint and wraps it in a
+:class:`Policy` with ``act(obs, deterministic=...)``; ``load_run_config(run_dir)`` reads the
+config a run was started with (for ``--resume``). Neither imports the training stack.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from impala_rl import checkpoint
+from impala_rl.config import RunConfig, config_from_dict, to_dict
+from impala_rl.envs import EnvFactory
+from impala_rl.envs.structured import is_structured
+from impala_rl.nn import ActorCritic
+from impala_rl.nn.factory import build_model_for_env
+from impala_rl.rundir import RunDirError
+
+
+def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """The config a run was started with (from its last checkpoint), plus overrides."""
+    run_dir = Path(run_dir)
+    last = run_dir / "checkpoints" / "last.pt"
+    if not run_dir.is_dir():
+        raise RunDirError(f"run directory {str(run_dir)!r} does not exist")
+    if not last.is_file():
+        raise RunDirError(f"{str(run_dir)!r} is not a run directory (no checkpoints/last.pt)")
+    data = checkpoint.load(last)
+    from impala_rl.config import load_config
+
+    base = config_from_dict(data["config"])
+    return load_config(base=to_dict(base), overrides=overrides) if overrides else base
+
+
+class Policy:
+    """A trained policy for use outside training: ``act(obs, deterministic=...)``.
+
+    A recurrent policy (``model.core=lstm``) or one that reads the last action and reward
+    keeps that state between calls: call :meth:`reset` when an episode starts (all of a
+    batch's columns together; a change of batch size also resets), and pass the previous
+    step's reward as ``last_reward`` when the model reads it. On a structured env the policy
+    acts per step key: pass the acting agent's observation as the env returns it and
+    ``step_key=env.actor_id().step_key``.
+    """
+
+    def __init__(self, model: ActorCritic, env_factory: EnvFactory, cfg: RunConfig):
+        self.model = model.eval()
+        self._state: Any = None
+        self._batch_size = 0
+        self.env_factory = env_factory
+        self.config = cfg
+        from impala_rl.envs.factory import ModelObservation
+        from impala_rl.envs.structured import KeyObservation
+
+        env = env_factory()
+        self._key_observations = (
+            {k: KeyObservation(s, k) for k, s in env.observation_spaces.items()}
+            if is_structured(env)
+            else None
+        )
+        wrapped = isinstance(env, ModelObservation)
+        self._raw_space = env.env.observation_space if wrapped else env.observation_space
+        self._to_model = env.observation if wrapped else (lambda obs: obs)
+        env.close()
+
+    @torch.no_grad()
+    def act(
+        self,
+        obs: Any,
+        deterministic: bool = True,
+        last_reward: Any = None,
+        step_key: int | None = None,
+    ) -> Any:
+        """Action for one observation as the env returns it, or for a batch ``[N, *obs]`` of
+        model-form observations; returned in the env's action format. ``last_reward`` (a
+        number or ``[N]``) is the reward of the previous step, for models that read it.
+        ``step_key``: the sub-step whose policy acts (structured envs; one observation, its
+        ``action_mask`` respected)."""
+        if self._key_observations is not None:
+            return self._act_step_key(obs, deterministic, step_key)
+        if self._raw_space.contains(obs) if not isinstance(obs, torch.Tensor) else False:
+            x = torch.as_tensor(np.asarray(self._to_model(obs))).unsqueeze(0)
+            batched = False
+        else:
+            x = torch.as_tensor(np.asarray(obs))
+            batched = x.ndim > len(self.model.obs_shape)
+            if not batched:
+                x = x.unsqueeze(0)
+        if self.model.needs_inputs:
+            dist = self._act_stateful(x, last_reward)
+        else:
+            dist = self.model.policy(x)
+        action = dist.mode() if deterministic else dist.sample()
+        if self.model.needs_inputs:
+            self._last_action = action
+        env_action = self.model.action_head.to_env(action)
+        return env_action if batched else env_action[0]
+
+    def _act_step_key(self, obs: Any, deterministic: bool, step_key: int | None) -> Any:
+        keys = self._key_observations
+        assert keys is not None
+        if step_key is None:
+            if len(keys) != 1:
+                raise ValueError(
+                    f"this structured env has step keys {sorted(keys)}: pass "
+                    "step_key=env.actor_id().step_key"
+                )
+            step_key = next(iter(keys))
+        if step_key not in keys:
+            raise ValueError(f"step_key={step_key!r} is not one of {sorted(keys)}")
+        if self.model.has_core or self.model.use_last_action_reward:
+            what = "a core" if self.model.has_core else "last action/reward inputs"
+            raise ValueError(
+                f"a structured policy with {what} keeps a state per agent, which act() does "
+                "not track; use impala_rl.evaluation.evaluate (or `impala eval`)"
+            )
+        x, mask = keys[step_key](obs)
+        dist = self.model.policy(
+            step_key,
+            torch.as_tensor(x).unsqueeze(0),
+            None if mask is None else torch.as_tensor(mask).unsqueeze(0),
+        )
+        action = dist.mode() if deterministic else dist.sample()
+        return self.model.action_head(step_key).to_env(action)[0]
+
+    def reset(self) -> None:
+        """Start new episodes: zero core state, last action and last reward."""
+        self._batch_size = 0
+
+    def _act_stateful(self, x: torch.Tensor, last_reward: Any) -> Any:
+        n = x.shape[0]
+        head = self.model.action_head
+        if n != self._batch_size:
+            self._batch_size = n
+            self._state = self.model.initial_state(n)
+            self._last_action = torch.zeros((n, *head.action_shape), dtype=head.action_dtype)
+            self._first = torch.ones(n, dtype=torch.bool)
+            last_reward = None
+        reward = torch.zeros(n)
+        if last_reward is not None:
+            reward = torch.as_tensor(np.asarray(last_reward, dtype=np.float32)).reshape(n)
+        dist, self._state = self.model.act(x, self._first, self._state, self._last_action, reward)
+        self._first = torch.zeros(n, dtype=torch.bool)
+        return dist
+
+
+def load_policy(run_dir: str | Path, which: str = "best") -> Policy:
+    """The best (or ``which="last"``) policy of a run directory."""
+    run_dir = Path(run_dir)
+    path = run_dir / "checkpoints" / f"{which}.pt"
+    if not path.is_file():
+        raise RunDirError(f"{str(run_dir)!r} has no checkpoints/{which}.pt")
+    data = checkpoint.load(path)
+    cfg = config_from_dict(data["config"])
+    env_factory = EnvFactory(cfg.env.id, cfg.env.kwargs, cfg.env.max_episode_steps, cfg.env.vector)
+    env = env_factory()
+    model = build_model_for_env(cfg.model, env)
+    env.close()
+    model.load_state_dict(data["model"])
+    return Policy(model, env_factory, cfg)
