@@ -68,6 +68,41 @@ def test_train_prints_the_summary_json(tmp_path, placement):
     assert not (tmp_path / "runs").exists()  # --run-dir was honoured
 
 
+def test_train_without_a_terminal_prints_only_the_summary_json_on_stdout(tmp_path):
+    """``impala train cartpole > summary.json``: stdout is a pipe, and it holds the summary
+    JSON alone; the console's epoch lines are logs, on stderr, each row once, and a background
+    evaluation that finishes after the last row adds a short line there."""
+    run_dir = tmp_path / "run"
+    args = [
+        "train",
+        "cartpole",
+        "max_env_steps=2000",
+        "runner.backend=sequential",
+        "log.console=true",
+        "log.tensorboard=false",
+        "algorithm.rollout_evaluator.background=true",
+        "--run-dir",
+        str(run_dir),
+    ]
+    env = {k: v for k, v in _env().items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    proc = subprocess.run(
+        _cmd(*args), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)  # one JSON document and nothing else
+    assert summary == json.loads((run_dir / "summary.json").read_text())
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("epoch=")]
+    rows = [line for line in lines if " env_steps=" in line]
+    epochs = [int(line.split(" ")[0].removeprefix("epoch=")) for line in rows]
+    assert epochs == list(range(1, summary["epochs"] + 1))  # every epoch's row, once
+    late = lines[len(rows) :]
+    assert late and lines[: len(rows)] == rows  # after the last row
+    for line in late:
+        names = [pair.split("=", 1)[0] for pair in line.split(" ")]
+        assert names[0] == "epoch" and all(name.startswith("eval_") for name in names[1:])
+        assert line.startswith(f"epoch={summary['epochs']} ") and "eval_return/mean" in names
+
+
 def test_train_resume_continues_a_finished_run(tmp_path):
     first = _tiny_run(tmp_path)
     assert (first["epochs"], first["updates"]) == (1, 2)

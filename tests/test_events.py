@@ -468,7 +468,7 @@ def test_console_prints_an_epoch_table(tmp_path, monkeypatch):
 
     buffer = io.StringIO()
     monkeypatch.setattr(
-        writers_mod, "Console", lambda: Console(file=buffer, width=200, force_terminal=True)
+        writers_mod, "Console", lambda **_: Console(file=buffer, width=200, force_terminal=True)
     )
     cfg = load_config(
         "cartpole",
@@ -493,7 +493,7 @@ def test_console_without_a_terminal_prints_one_untruncated_line_per_epoch(tmp_pa
     from rich.console import Console
 
     buffer = io.StringIO()  # a file, as with nohup or `> train.log`: not a terminal
-    monkeypatch.setattr(writers_mod, "Console", lambda: Console(file=buffer, width=80))
+    monkeypatch.setattr(writers_mod, "Console", lambda **_: Console(file=buffer, width=80))
     cfg = load_config(
         "cartpole",
         [
@@ -525,7 +525,7 @@ def test_console_stats_patterns_choose_what_the_console_prints(tmp_path, monkeyp
 
     buffer = io.StringIO()
     monkeypatch.setattr(
-        writers_mod, "Console", lambda: Console(file=buffer, width=300, force_terminal=terminal)
+        writers_mod, "Console", lambda **_: Console(file=buffer, width=300, force_terminal=terminal)
     )
     patterns = "[episode_return/mean,policy_entropy/*]"
     cfg = load_config(
@@ -553,6 +553,31 @@ def test_console_stats_patterns_choose_what_the_console_prints(tmp_path, monkeyp
         pairs = dict(part.split("=", 1) for part in text.strip().split(" "))
         assert set(pairs) == {"epoch", "env_steps", "episode_return/mean", "policy_entropy/0"}
         assert float(pairs["policy_entropy/0"]) == pytest.approx(row["policy_entropy/0"])
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_console_prints_a_late_evaluation_as_one_short_line(terminal):
+    """The trainer writes an epoch again when its evaluation finishes after the row (a
+    background evaluation at the end of a run): the console adds one line, not the row again."""
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=300, force_terminal=terminal)
+    writer = writers_mod.ConsoleWriter(console=console)
+    row = {"episode_return/mean": 21.5, "policy_loss/0": 0.25, "grad_norm": 3.0}
+    writer.on_epoch(3, 1920, row)
+    writer.on_epoch(3, 1920, {**row, "eval_return/mean": 182.6, "eval_return/std": 34.25})
+    writer.close()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buffer.getvalue())
+    lines = [line.strip() for line in text.replace("\r", "\n").splitlines()]
+    if terminal:
+        assert text.count("epoch 3 ·") == 1  # one table
+        assert "epoch=3 eval_return/mean=182.6" in lines  # the table's eval column
+    else:
+        assert lines == [
+            "epoch=3 env_steps=1920 episode_return/mean=21.5 policy_loss/0=0.25 grad_norm=3",
+            "epoch=3 eval_return/mean=182.6 eval_return/std=34.25",
+        ]
 
 
 def test_console_stats_refuses_an_empty_pattern():

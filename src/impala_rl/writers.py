@@ -74,7 +74,12 @@ class ConsoleWriter:
     """A live progress bar during the epoch and a compact table after it on a terminal; one
     plain ``name=value`` line per epoch otherwise (a file or pipe: a table there is cut to 80
     columns and truncates its numbers). ``stats``: glob patterns that choose the statistics
-    printed (empty: the table's compact columns, or every statistic on a plain line)."""
+    printed (empty: the table's compact columns, or every statistic on a plain line).
+
+    It writes to stderr, a log, so that stdout holds only what the command returns (``impala
+    train > summary.json``); whether stderr is a terminal decides between bar and lines. An
+    epoch written again (an evaluation that finished after its row) prints one short line of
+    the evaluation's statistics, ``epoch=3 eval_return/mean=...``, not the row again."""
 
     def __init__(
         self,
@@ -82,8 +87,9 @@ class ConsoleWriter:
         console: Console | None = None,
         stats: list[str] | None = None,
     ):
-        self.console = console or Console()
+        self.console = console or Console(stderr=True)
         self.patterns = list(stats or [])
+        self._printed_epoch: int | None = None  # the last epoch whose row was printed
         self.live = self.console.is_terminal
         columns: list[Any] = [TextColumn("[bold]epoch {task.fields[epoch]}")]
         if total_env_steps:
@@ -126,6 +132,10 @@ class ConsoleWriter:
     def on_epoch(self, epoch: int, env_steps: int, stats: dict[str, float]) -> None:
         if self.patterns:
             stats = select_stats(stats, self.patterns)
+        if epoch == self._printed_epoch:
+            self._late_evaluation(epoch, stats)
+            return
+        self._printed_epoch = epoch
         if not self.live:
             line = plain_epoch_line(epoch, env_steps, stats)
             self.console.print(line, soft_wrap=True, markup=False, highlight=False)
@@ -144,6 +154,19 @@ class ConsoleWriter:
             table.add_column(label, justify="right")
         table.add_row(*(_fmt(stats[key]) for key, _ in shown))
         self.progress.console.print(table)
+
+    def _late_evaluation(self, epoch: int, stats: dict[str, float]) -> None:
+        """The epoch's row again, with an evaluation that finished after it: one line of the
+        evaluation statistics the row shows (the table's ``eval`` column on a terminal without
+        patterns; every ``eval_*`` statistic chosen otherwise), or nothing if it shows none."""
+        if self.live and not self.patterns:
+            shown = {key for key, _ in CONSOLE_STATS}
+            stats = {name: value for name, value in stats.items() if name in shown}
+        late = {name: value for name, value in stats.items() if name.startswith(EVAL_PREFIX)}
+        if not late:
+            return
+        line = " ".join([f"epoch={epoch}", *(f"{name}={_plain(v)}" for name, v in late.items())])
+        self.console.print(line, soft_wrap=True, markup=False, highlight=False)
 
     def close(self) -> None:
         if self.live:
