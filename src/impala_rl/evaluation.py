@@ -12,10 +12,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from impala_rl.envs import make_vector_env
-from impala_rl.envs.structured import SingleKeyVectorEnv, StructuredVectorEnv
-from impala_rl.nn import ActorCritic
-from impala_rl.nn.structured import StructuredActorCritic
+from impala_rl.envs import make_keyed_vector_env
+from impala_rl.nn import Model, act
 
 
 @dataclass
@@ -36,7 +34,7 @@ class EvaluationResult:
 
 @torch.no_grad()
 def evaluate(
-    model: ActorCritic | StructuredActorCritic,
+    model: Model,
     env_factory: Callable[[], gym.Env],
     n_episodes: int,
     deterministic: bool = True,
@@ -59,25 +57,14 @@ def evaluate(
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    keyed = isinstance(model, StructuredActorCritic)
-    if keyed:
-        envs: Any = StructuredVectorEnv([env_factory] * n_episodes)
-    else:
-        envs = SingleKeyVectorEnv(make_vector_env(env_factory, n_episodes))
+    envs = make_keyed_vector_env(env_factory, n_episodes)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     wins: list[bool | None] = [None] * n_episodes
-    stateful = not keyed and model.needs_inputs
-    if keyed:  # a core state and last action/reward per agent of every env, reset with its episode
-        agent_states = model.initial_state(n_episodes * envs.n_agents, device)
-        agent_first = np.ones(n_episodes * envs.n_agents, dtype=bool)
-        agent_last = torch.zeros(n_episodes * envs.n_agents, model.extra_features)
-    if stateful:  # the inputs a core or last action/reward carries from step to step
-        head = model.action_head
-        first = torch.ones(n_episodes, dtype=torch.bool, device=device)
-        state = model.initial_state(n_episodes, device)
-        last_action = torch.zeros((n_episodes, *head.action_shape), dtype=head.action_dtype)
-        last_action = last_action.to(device)
-        last_reward = torch.zeros(n_episodes, device=device)
+    # a core state and last inputs per agent of every env, reset with its episode
+    n_agents = envs.n_agents
+    agent_states = model.initial_state(n_episodes * n_agents, device)
+    agent_first = np.ones(n_episodes * n_agents, dtype=bool)
+    agent_last = torch.zeros(n_episodes * n_agents, model.extra_features)
     try:
         envs.reset(seed=seed)
         returns = np.zeros(n_episodes)
@@ -91,39 +78,31 @@ def evaluate(
                     continue
                 every = idx.size == n_episodes  # one key deciding everywhere: no gather
                 obs = torch.as_tensor(envs.obs[k] if every else envs.obs[k][idx], device=device)
-                if keyed:
-                    mask = envs.masks.get(k)
-                    mask_t = None if mask is None else torch.as_tensor(mask[idx], device=device)
-                    head = model.action_head(k)
-                    agents = idx * envs.n_agents + envs.agent_id[idx]
-                    extra = None
-                    if model.use_last_action_reward:  # zero at an agent's first decision
-                        unset = torch.as_tensor(agent_first[agents]).unsqueeze(-1)
-                        extra = agent_last[agents].masked_fill(unset, 0.0).to(device)
-                    if model.has_core:
-                        cols = torch.as_tensor(agents, device=device)
-                        h, c = agent_states
-                        first_t = torch.as_tensor(agent_first[agents], device=device)
-                        dist, (h[:, cols], c[:, cols]) = model.act(
-                            k, obs, mask_t, first_t, (h[:, cols], c[:, cols]), extra
-                        )
-                    else:
-                        dist = model.policy(k, obs, mask_t, extra)
-                    agent_first[agents] = False
-                elif stateful:
-                    dist, state = model.act(obs, first, state, last_action, last_reward)
-                else:
-                    dist, head = model.policy(obs), model.action_head
-                action = dist.mode() if deterministic else dist.sample(generator)
-                if keyed and model.use_last_action_reward:  # the reward since: summed below
-                    agent_last[agents] = model.last_inputs(k, action.cpu(), torch.zeros(idx.size))
-                env_actions = head.to_env(action.cpu())
+                mask = envs.masks.get(k)
+                mask_t = None if mask is None else torch.as_tensor(mask[idx], device=device)
+                agents = idx * n_agents + envs.agent_id[idx]
+                extra = None
+                if model.use_last_action_reward:  # zero at an agent's first decision
+                    unset = torch.as_tensor(agent_first[agents]).unsqueeze(-1)
+                    extra = agent_last[agents].masked_fill(unset, 0.0).to(device)
+                before, first = None, None
+                if agent_states is not None:
+                    cols = torch.as_tensor(agents, device=device)
+                    before = (agent_states[0][:, cols], agent_states[1][:, cols])
+                    first = torch.as_tensor(agent_first[agents], device=device)
+                acted = act(model, k, obs, mask_t, first, before, extra, deterministic, generator)
+                if agent_states is not None:
+                    agent_states[0][:, cols], agent_states[1][:, cols] = acted.core_state
+                agent_first[agents] = False
+                if model.use_last_action_reward:  # the reward since: summed below
+                    action = acted.action.cpu()
+                    agent_last[agents] = model.last_inputs(k, action, torch.zeros(idx.size))
                 if every:
-                    actions = env_actions
+                    actions = acted.env_action
                 else:
                     actions = actions if isinstance(actions, list) else [None] * n_episodes
                     for j, i in enumerate(idx):
-                        actions[i] = env_actions[j]
+                        actions[i] = acted.env_action[j]
             reward, terminated, truncated, _, final_infos = envs.step(actions)
             returns += np.where(running, reward[:, 0], 0.0)
             lengths += running
@@ -131,15 +110,10 @@ def evaluate(
                 if running[i] and "win" in info:
                     wins[i] = bool(info["win"])
             done = np.logical_or(terminated, truncated)
-            if keyed:
-                if model.use_last_action_reward:
-                    agent_last[:, -1] += torch.as_tensor(reward, dtype=torch.float32).reshape(-1)
-                for i in np.flatnonzero(done):
-                    agent_first[i * envs.n_agents : (i + 1) * envs.n_agents] = True
-            if stateful:  # envs autoreset: a finished env starts a new (uncounted) episode
-                first = torch.as_tensor(done, device=device)
-                last_action = action
-                last_reward = torch.as_tensor(reward[:, 0], dtype=torch.float32, device=device)
+            if model.use_last_action_reward:
+                agent_last[:, -1] += torch.as_tensor(reward, dtype=torch.float32).reshape(-1)
+            for i in np.flatnonzero(done):  # envs autoreset: the next (uncounted) episode
+                agent_first[i * n_agents : (i + 1) * n_agents] = True
             if max_episode_steps is not None:
                 done |= lengths >= max_episode_steps
             running &= ~done

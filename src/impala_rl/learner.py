@@ -16,8 +16,7 @@ import torch
 
 from impala_rl import losses, vtrace
 from impala_rl.config import ImpalaAlgorithmConfig
-from impala_rl.nn import ActorCritic
-from impala_rl.nn.structured import StructuredActorCritic
+from impala_rl.nn import Model
 
 
 class NonFiniteError(FloatingPointError):
@@ -146,20 +145,6 @@ def clip_gradients(model: torch.nn.Module, max_grad_norm: float | None) -> float
     return grad_norm
 
 
-def model_inputs(model: ActorCritic, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The inputs besides observations a model reads from a batch: ``first [T+1, B]``, the
-    stored core state ``(h, c)`` (each ``[1, B, H]``), ``last_action``, ``last_reward``."""
-    if not model.needs_inputs:
-        return {}
-    inputs: dict[str, Any] = {"first": batch["first"]}
-    if model.has_core:
-        inputs["core_state"] = (batch["core_h"], batch["core_c"])
-    if model.use_last_action_reward:
-        inputs["last_action"] = batch["last_action"]
-        inputs["last_reward"] = batch["last_reward"]
-    return inputs
-
-
 @dataclass
 class TargetOutputs:
     """The learner's policy and critic on every row of a batch, each ``[T+1, B]``."""
@@ -169,15 +154,11 @@ class TargetOutputs:
     value: torch.Tensor  # V(x_t); row T is the bootstrap value
 
 
-def forward_batch(
-    model: ActorCritic | StructuredActorCritic, batch: dict[str, torch.Tensor]
-) -> TargetOutputs:
+def forward_batch(model: Model, batch: dict[str, torch.Tensor]) -> TargetOutputs:
     """The learner's forward pass over a slot (:class:`~impala_rl.rollout.RolloutSpec`): one
     call over the batch when there is one step key, else one call per step key over the rows
-    where that key decides."""
-    if isinstance(model, ActorCritic):
-        out = model(batch["obs"], **model_inputs(model, batch))
-        return TargetOutputs(out.dist.log_prob(batch["action"]), out.dist.entropy(), out.value)
+    where that key decides; a core runs along every column between the keys' encoders and
+    heads."""
     single = "step_key" not in batch
     if single:  # one key: every row, one call
         rows_of: dict[int, Any] = {model.step_keys[0]: (slice(None),)}
@@ -212,9 +193,7 @@ def forward_batch(
         obs_field, action_field, mask_field = fields[k]
         mask = batch[mask_field][rows] if mask_field in batch else None
         if core_out is None:
-            obs = batch[obs_field][rows]
-            dist = model.policy(k, obs, mask, extra(rows))
-            key_value = model.value(k, obs, extra(rows))
+            dist, key_value = model.policy_value(k, batch[obs_field][rows], mask, extra(rows))
         else:
             dist, key_value = model.heads(k, core_out[rows], mask)
         log_prob = put(log_prob, rows, dist.log_prob(batch[action_field][rows]))
@@ -223,24 +202,17 @@ def forward_batch(
     return TargetOutputs(log_prob, entropy, value)
 
 
-def update_observation_statistics(
-    model: ActorCritic | StructuredActorCritic, batch: dict[str, torch.Tensor]
-) -> None:
+def update_observation_statistics(model: Model, batch: dict[str, torch.Tensor]) -> None:
     """Merge a batch's trained observations into ``normalize_obs``'s statistics: rows
-    0..T-1 (row T opens the next unroll, where it is trained), on a structured batch each step
-    key's rows."""
-    if isinstance(model, ActorCritic):
-        if model.obs_norm is not None:
-            model.obs_norm.update(batch["obs"][:-1])
-        return
-    if model.obs_norms is None:
-        return
-    if "step_key" not in batch:
-        model.obs_norms[str(model.step_keys[0])].update(batch["obs"][:-1])
-        return
-    decided = batch["step_key"][:-1]
+    0..T-1 (row T opens the next unroll, where it is trained), each step key's rows."""
     for k in model.step_keys:
-        model.obs_norms[str(k)].update(batch[f"obs_{k}"][:-1][decided == k])
+        norm = model.observation_normalizer(k)
+        if norm is None:
+            continue
+        if "step_key" not in batch:
+            norm.update(batch["obs"][:-1])
+        else:
+            norm.update(batch[f"obs_{k}"][:-1][batch["step_key"][:-1] == k])
 
 
 def _rows(x: torch.Tensor, selection: torch.Tensor | None) -> torch.Tensor:
@@ -253,7 +225,7 @@ class Learner:
 
     def __init__(
         self,
-        model: ActorCritic | StructuredActorCritic,
+        model: Model,
         cfg: ImpalaAlgorithmConfig,
         device: torch.device | str = "cpu",
     ):

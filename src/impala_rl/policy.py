@@ -17,7 +17,7 @@ from impala_rl import checkpoint
 from impala_rl.config import RunConfig, config_from_dict, to_dict
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.structured import is_structured
-from impala_rl.nn import ActorCritic
+from impala_rl.nn import Model, act
 from impala_rl.nn.factory import build_model_for_env
 from impala_rl.rundir import RunDirError
 
@@ -48,7 +48,7 @@ class Policy:
     ``step_key=env.actor_id().step_key``.
     """
 
-    def __init__(self, model: ActorCritic, env_factory: EnvFactory, cfg: RunConfig):
+    def __init__(self, model: Model, env_factory: EnvFactory, cfg: RunConfig):
         self.model = model.eval()
         self._state: Any = None
         self._batch_size = 0
@@ -81,27 +81,34 @@ class Policy:
         number or ``[N]``) is the reward of the previous step, for models that read it.
         ``step_key``: the sub-step whose policy acts (structured envs; one observation, its
         ``action_mask`` respected)."""
+        model = self.model
         if self._key_observations is not None:
-            return self._act_step_key(obs, deterministic, step_key)
-        if self._raw_space.contains(obs) if not isinstance(obs, torch.Tensor) else False:
-            x = torch.as_tensor(np.asarray(self._to_model(obs))).unsqueeze(0)
+            step_key = self._step_key(step_key)
+            x, mask = self._key_observations[step_key](obs)
+            x = torch.as_tensor(x).unsqueeze(0)
+            mask = None if mask is None else torch.as_tensor(mask).unsqueeze(0)
             batched = False
         else:
-            x = torch.as_tensor(np.asarray(obs))
-            batched = x.ndim > len(self.model.obs_shape)
-            if not batched:
-                x = x.unsqueeze(0)
-        if self.model.needs_inputs:
-            dist = self._act_stateful(x, last_reward)
-        else:
-            dist = self.model.policy(x)
-        action = dist.mode() if deterministic else dist.sample()
-        if self.model.needs_inputs:
-            self._last_action = action
-        env_action = self.model.action_head.to_env(action)
-        return env_action if batched else env_action[0]
+            step_key, mask = 0, None
+            if self._raw_space.contains(obs) if not isinstance(obs, torch.Tensor) else False:
+                x = torch.as_tensor(np.asarray(self._to_model(obs))).unsqueeze(0)
+                batched = False
+            else:
+                x = torch.as_tensor(np.asarray(obs))
+                batched = x.ndim > len(model.obs_shape)
+                if not batched:
+                    x = x.unsqueeze(0)
+        first = state = extra = None
+        if model.needs_inputs:
+            first, state, extra = self._inputs(step_key, x.shape[0], last_reward)
+        acted = act(model, step_key, x, mask, first, state, extra, deterministic)
+        if model.needs_inputs:
+            self._state, self._last_action = acted.core_state, acted.action
+            self._first = torch.zeros(x.shape[0], dtype=torch.bool)
+        return acted.env_action if batched else acted.env_action[0]
 
-    def _act_step_key(self, obs: Any, deterministic: bool, step_key: int | None) -> Any:
+    def _step_key(self, step_key: int | None) -> int:
+        """The structured env's step key that acts, checked."""
         keys = self._key_observations
         assert keys is not None
         if step_key is None:
@@ -113,28 +120,22 @@ class Policy:
             step_key = next(iter(keys))
         if step_key not in keys:
             raise ValueError(f"step_key={step_key!r} is not one of {sorted(keys)}")
-        if self.model.has_core or self.model.use_last_action_reward:
+        if self.model.needs_inputs:
             what = "a core" if self.model.has_core else "last action/reward inputs"
             raise ValueError(
                 f"a structured policy with {what} keeps a state per agent, which act() does "
                 "not track; use impala_rl.evaluation.evaluate (or `impala eval`)"
             )
-        x, mask = keys[step_key](obs)
-        dist = self.model.policy(
-            step_key,
-            torch.as_tensor(x).unsqueeze(0),
-            None if mask is None else torch.as_tensor(mask).unsqueeze(0),
-        )
-        action = dist.mode() if deterministic else dist.sample()
-        return self.model.action_head(step_key).to_env(action)[0]
+        return step_key
 
     def reset(self) -> None:
         """Start new episodes: zero core state, last action and last reward."""
         self._batch_size = 0
 
-    def _act_stateful(self, x: torch.Tensor, last_reward: Any) -> Any:
-        n = x.shape[0]
-        head = self.model.action_head
+    def _inputs(self, step_key: int, n: int, last_reward: Any) -> tuple[Any, Any, Any]:
+        """``first [n]``, the core state and the last inputs ``[n, E]`` of the next decision
+        (a model that reads more than observations); a new batch size starts new episodes."""
+        head = self.model.action_head(step_key)
         if n != self._batch_size:
             self._batch_size = n
             self._state = self.model.initial_state(n)
@@ -144,9 +145,11 @@ class Policy:
         reward = torch.zeros(n)
         if last_reward is not None:
             reward = torch.as_tensor(np.asarray(last_reward, dtype=np.float32)).reshape(n)
-        dist, self._state = self.model.act(x, self._first, self._state, self._last_action, reward)
-        self._first = torch.zeros(n, dtype=torch.bool)
-        return dist
+        extra = None
+        if self.model.use_last_action_reward:
+            extra = self.model.last_inputs(step_key, self._last_action, reward)
+            extra = extra.masked_fill(self._first.unsqueeze(-1), 0.0)
+        return self._first, self._state, extra
 
 
 def load_policy(run_dir: str | Path, which: str = "best") -> Policy:

@@ -24,11 +24,10 @@ field                        shape              meaning
 ``policy_version``           ``[N]``            learner update count of the acting policy
 ``actor_index``              ``[N]``            which actor filled the column
 ``core_h``, ``core_c``       ``[1, N, H]``      LSTM core state before row 0 (a core)
-``last_action``              ``[T+1, N, *a]``   (plain model, ``use_last_action_reward``) the
-                                                action before row t, zero where ``first``
-``last_reward``              ``[T+1, N]``       ... and the reward before row t
-``last_inputs``              ``[T+1, N, E]``    (structured model) the same, encoded per step
-                                                key by ``StructuredActorCritic.last_inputs``
+``last_inputs``              ``[T+1, N, E]``    (``use_last_action_reward``) the agent's
+                                                previous action and the reward since, as the
+                                                model's ``last_inputs`` encodes them; zero
+                                                where ``first``
 ===========================  =================  ============================================
 
 With one step key the fields are ``obs``, ``action``, ``action_mask``; with several each key
@@ -60,10 +59,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from impala_rl.envs import make_vector_env
-from impala_rl.envs.structured import StructuredVectorEnv
-from impala_rl.nn import ActorCritic
-from impala_rl.nn.structured import StructuredActorCritic
+from impala_rl.envs import make_keyed_vector_env
+from impala_rl.envs.structured import SingleKeyVectorEnv
+from impala_rl.nn import Model, act
 
 
 def allocate_fields(
@@ -98,9 +96,7 @@ class RolloutSpec:
     ``action_mask_{k}`` and ``step_key`` says which one decides at each row. The fields the
     model reads besides observations exist only when it reads them (a plain model's slot, and
     its copying, stay as small as they can be): the core state, and the last action and reward
-    as the plain :class:`~impala_rl.nn.ActorCritic` reads them (``last_action``,
-    ``last_reward``) or as :class:`~impala_rl.nn.structured.StructuredActorCritic` does
-    (``last_inputs``, already encoded per step key).
+    (``last_inputs``, encoded by the model's ``last_inputs``).
     """
 
     T: int
@@ -108,10 +104,8 @@ class RolloutSpec:
     keys: tuple[KeyLayout, ...]
     core_state_size: int = 0
     """H of the LSTM core's ``(h, c)``; 0: the model has no core."""
-    last_action_reward: bool = False
-    """``last_action`` and ``last_reward`` fields (the plain model reads them)."""
     last_inputs_size: int = 0
-    """Width of the ``last_inputs`` field (a structured model's encoded last action and reward)."""
+    """Width of the ``last_inputs`` field (the encoded last action and reward; 0: none)."""
 
     def key_field(self, name: str, key: int) -> str:
         """The field holding step key ``key``'s ``name`` (``obs``, ``action``, ``action_mask``)."""
@@ -142,10 +136,6 @@ class RolloutSpec:
         if self.core_state_size:
             fields["core_h"] = ((1, N, self.core_state_size), torch.float32)
             fields["core_c"] = ((1, N, self.core_state_size), torch.float32)
-        if self.last_action_reward:
-            action = self.keys[0]
-            fields["last_action"] = ((T + 1, N, *action.action_shape), action.action_dtype)
-            fields["last_reward"] = ((T + 1, N), torch.float32)
         if self.last_inputs_size:
             fields["last_inputs"] = ((T + 1, N, self.last_inputs_size), torch.float32)
         return fields
@@ -170,32 +160,30 @@ def torch_dtype(np_dtype: np.dtype) -> torch.dtype:
 
 
 def rollout_spec_for(
-    model: ActorCritic | StructuredActorCritic,
-    observation_space: gym.spaces.Box | None,
-    T: int,
-    N: int,
+    model: Model, observation_space: gym.spaces.Box | None, T: int, N: int
 ) -> RolloutSpec:
-    """The slot of an actor of ``N`` envs running ``model``: one column per env for a plain
-    model (``observation_space``: the env's, ``None``: the model's), ``N * n_agents`` columns
-    for a structured one."""
+    """The slot of an actor of ``N`` envs running ``model``: ``N * n_agents`` columns, each
+    step key's fields as the model's spaces lay them out (``observation_space``: the env's
+    observation space of a one-key model, when it differs in dtype from the model's)."""
     core = 0 if model.core is None else model.core.hidden_size
-    if isinstance(model, ActorCritic):
-        space = observation_space or model.observation_space
-        head = model.action_head
-        obs_dtype = torch_dtype(space.dtype)
-        key = KeyLayout(tuple(space.shape), obs_dtype, tuple(head.action_shape), head.action_dtype)
-        return RolloutSpec(T, N, (key,), core, last_action_reward=model.use_last_action_reward)
-    keys = tuple(
-        KeyLayout(
-            tuple(model.observation_spaces[k].shape),
-            torch_dtype(model.observation_spaces[k].dtype),
-            tuple(model.action_head(k).action_shape),
-            model.action_head(k).action_dtype,
-            model.mask_sizes.get(k),
+    keys = []
+    for k in model.step_keys:
+        space = model.observation_spaces[k]
+        if observation_space is not None and len(model.step_keys) == 1:
+            space = observation_space
+        head = model.action_head(k)
+        keys.append(
+            KeyLayout(
+                tuple(space.shape),
+                torch_dtype(space.dtype),
+                tuple(head.action_shape),
+                head.action_dtype,
+                model.mask_sizes.get(k),
+            )
         )
-        for k in model.step_keys
+    return RolloutSpec(
+        T, N * model.n_agents, tuple(keys), core, last_inputs_size=model.extra_features
     )
-    return RolloutSpec(T, N * model.n_agents, keys, core, last_inputs_size=model.extra_features)
 
 
 @dataclass
@@ -270,7 +258,7 @@ class ActorLoop:
     column closes after ``T`` steps, and :meth:`_unroll_steps` writes them in place (one
     policy call and one slice write per field and step; the per-step scalars staged in numpy).
 
-    A structured env (:class:`~impala_rl.nn.structured.StructuredActorCritic`) goes through
+    A structured env (:class:`~impala_rl.envs.structured.StructuredVectorEnv`) goes through
     :meth:`_unroll_decisions`: each env sub-step, the envs are grouped by the step key that
     acts and each group's policy runs once. Every stream keeps its closed decisions in a queue
     and its open one aside. An unroll steps until the streams hold ``N`` chunks of ``T`` closed
@@ -286,7 +274,7 @@ class ActorLoop:
         self,
         env_factory: Callable[[], gym.Env],
         num_envs: int,
-        model: ActorCritic | StructuredActorCritic,
+        model: Model,
         seed: int,
         unroll_length: int,
         actor_index: int = 0,
@@ -299,14 +287,15 @@ class ActorLoop:
         self.policy_version = 0
         self.generator = torch.Generator().manual_seed(seed)
         self.episodes = EpisodeTracker(num_envs)
-        self.structured = isinstance(model, StructuredActorCritic)
+        keyed = make_keyed_vector_env(env_factory, num_envs)
+        self.structured = not isinstance(keyed, SingleKeyVectorEnv)
         self.envs: Any
         if self.structured:
-            self.envs = StructuredVectorEnv([env_factory] * num_envs)
+            self.envs = keyed
             self.envs.reset(seed=seed)
             self.n_agents = self.envs.n_agents
-        else:
-            self.envs = make_vector_env(env_factory, num_envs)
+        else:  # the fast path steps the plain vector env itself
+            self.envs = keyed.envs
             obs, _ = self.envs.reset(seed=seed)
             self.obs = torch.as_tensor(obs)
             self.n_agents = 1
@@ -324,10 +313,8 @@ class ActorLoop:
                 k: tuple(layout.key_field(name, k) for name in ("obs", "action", "action_mask"))
                 for k in model.step_keys
             }
-        else:  # what a plain model reading the last action and reward reads next
-            head = model.action_head
-            self.last_action = torch.zeros((num_envs, *head.action_shape), dtype=head.action_dtype)
-            self.last_reward = np.zeros(num_envs, dtype=np.float32)
+        else:  # what a model reading the last action and reward reads next (zero: first)
+            self.last_inputs = torch.zeros(num_envs, model.extra_features)
 
     def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Take new weights; only ever called between unrolls."""
@@ -347,7 +334,6 @@ class ActorLoop:
         cheap envs the per-step tensor bookkeeping would otherwise cost as much as the env.
         """
         T, N = self.T, self.num_envs
-        head = self.model.action_head
         rewards = np.zeros((T, N), dtype=np.float32)
         terminated = np.zeros((T, N), dtype=bool)
         truncated = np.zeros((T, N), dtype=bool)
@@ -357,60 +343,43 @@ class ActorLoop:
         lengths: list[int] = []
         obs_slot, action_slot, logp_slot = slot["obs"], slot["action"], slot["behaviour_log_prob"]
         model = self.model
-        stateful = model.needs_inputs
         with_last = model.use_last_action_reward
         if model.core is not None:
             slot["core_h"].copy_(self.core_state[0])
             slot["core_c"].copy_(self.core_state[1])
-        if with_last:
-            last_action_slot = slot["last_action"]
-            last_rewards = np.zeros((T + 1, N), dtype=np.float32)
+        extra = self.last_inputs if with_last else None
         state = self.core_state
         for t in range(T):
             obs_slot[t] = self.obs
             first[t] = self.first
-            if stateful:
-                if with_last:
-                    last_action_slot[t] = self.last_action
-                    last_rewards[t] = self.last_reward
-                dist, state = model.act(
-                    self.obs,
-                    torch.from_numpy(self.first),
-                    state,
-                    self.last_action,
-                    torch.from_numpy(self.last_reward),
-                )
-            else:
-                dist = model.policy(self.obs)
-            action = dist.sample(self.generator)
+            if with_last:
+                slot["last_inputs"][t] = extra
+            first_t = torch.from_numpy(self.first) if state is not None else None
+            acted = act(model, 0, self.obs, None, first_t, state, extra, generator=self.generator)
+            action, state = acted.action, acted.core_state
             action_slot[t] = action
-            logp_slot[t] = dist.log_prob(action)
-            obs, reward, term, trunc, info = self.envs.step(head.to_env(action))
+            logp_slot[t] = acted.log_prob
+            obs, reward, term, trunc, info = self.envs.step(acted.env_action)
             trunc = np.logical_and(trunc, np.logical_not(term))
             rewards[t] = reward
             terminated[t] = term
             truncated[t] = trunc
-            if trunc.any():
-                idx = np.flatnonzero(trunc)
-                final = torch.as_tensor(np.stack([info["final_obs"][i] for i in idx]))
-                if stateful:  # the final obs continues the episode: no reset, this step's inputs
-                    cols = torch.from_numpy(idx)
-                    value = model.value(
-                        final,
-                        None if state is None else (state[0][:, cols], state[1][:, cols]),
-                        action[cols],
-                        torch.from_numpy(rewards[t, idx]),
-                    )
-                else:
-                    value = model.value(final)
-                trunc_values[t, idx] = value.float().numpy()
             done = np.logical_or(term, trunc)
-            if with_last:
-                done_t = torch.from_numpy(done)
-                self.last_action = action.masked_fill(
-                    done_t.reshape(-1, *([1] * (action.ndim - 1))), 0
+            if with_last:  # this decision as the next one reads it, zero after an episode's end
+                extra = model.last_inputs(0, action, torch.from_numpy(rewards[t]))
+            if trunc.any():  # the final obs continues the episode: no reset, this step's inputs
+                idx = np.flatnonzero(trunc)
+                cols = torch.from_numpy(idx)
+                final = torch.as_tensor(np.stack([info["final_obs"][i] for i in idx]))
+                value = model.value(
+                    0,
+                    final,
+                    None if extra is None else extra[cols],
+                    None if state is None else (state[0][:, cols], state[1][:, cols]),
                 )
-                self.last_reward = np.where(done, 0.0, rewards[t]).astype(np.float32)
+                trunc_values[t, idx] = value.float().numpy()
+            if with_last and done.any():
+                extra = extra.masked_fill(torch.from_numpy(done).unsqueeze(-1), 0.0)
             self.episodes.step(reward, done, returns, lengths)
             self.first = done
             self.obs = torch.as_tensor(obs)
@@ -419,9 +388,8 @@ class ActorLoop:
         first[T] = self.first
         self.core_state = state
         if with_last:
-            last_action_slot[T] = self.last_action
-            last_rewards[T] = self.last_reward
-            slot["last_reward"].copy_(torch.from_numpy(last_rewards))
+            slot["last_inputs"][T] = extra
+            self.last_inputs = extra
         staged = {
             "first": first,
             "reward": rewards,
@@ -449,15 +417,14 @@ class ActorLoop:
     def _final_value(self, stream: int, key: int, obs: np.ndarray) -> float:
         """The acting policy's value of ``stream``'s final observation at truncation, which
         continues the agent's sequence (its core state and last inputs, no reset)."""
-        model = self.model
         extra = None
-        if model.use_last_action_reward:
+        if self.model.use_last_action_reward:
             extra = self._last_inputs(stream).unsqueeze(0)
         state = None
         if self.core_state is not None:
             h, c = self.core_state
             state = (h[:, stream : stream + 1], c[:, stream : stream + 1])
-        return float(model.value(key, torch.from_numpy(obs).unsqueeze(0), extra, state)[0])
+        return float(self.model.value(key, torch.from_numpy(obs).unsqueeze(0), extra, state)[0])
 
     def _last_inputs(self, stream: int) -> torch.Tensor:
         """What ``stream``'s next decision reads of its open one (action, reward since), zero
@@ -482,18 +449,16 @@ class ActorLoop:
             extra = None
             if model.use_last_action_reward:
                 extra = torch.stack([self._last_inputs(int(s)) for s in streams])
-            state = self.core_state
-            if state is None:
-                dist = model.policy(k, obs, mask, extra)
-            else:
+            state, before, first = self.core_state, None, None
+            if state is not None:
                 cols = torch.from_numpy(streams)
                 before = (state[0][:, cols], state[1][:, cols])
                 first = torch.from_numpy(self.first[streams])
-                dist, after = model.act(k, obs, mask, first, before, extra)
-                state[0][:, cols], state[1][:, cols] = after
-            action = dist.sample(self.generator)
-            log_prob = dist.log_prob(action).float().numpy()
-            env_actions = model.action_head(k).to_env(action)
+            acted = act(model, k, obs, mask, first, before, extra, generator=self.generator)
+            if state is not None:
+                state[0][:, cols], state[1][:, cols] = acted.core_state
+            action, env_actions = acted.action, acted.env_action
+            log_prob = acted.log_prob.float().numpy()
             for j, i in enumerate(idx):
                 actions[i] = env_actions[j]
                 column = int(streams[j])
@@ -506,7 +471,7 @@ class ActorLoop:
                     float(log_prob[j]),
                     age=self.substeps,
                     first=bool(self.first[column]),
-                    core_state=None if state is None else (before[0][0, j], before[1][0, j]),
+                    core_state=None if before is None else (before[0][0, j], before[1][0, j]),
                     last_inputs=None if extra is None else extra[j],
                 )
             self.first[streams] = False
@@ -600,7 +565,7 @@ class ActorLoop:
 def actor_loop_rate(
     env_factory: Callable[[], gym.Env],
     num_envs: int,
-    model: ActorCritic,
+    model: Model,
     unroll_length: int,
     seconds: float,
 ) -> float:

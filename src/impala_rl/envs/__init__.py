@@ -4,6 +4,7 @@ from impala_rl.envs.factory import (
     EnvError,
     EnvFactory,
     make_env_factory,
+    make_keyed_vector_env,
     make_vector_env,
     model_observation_space,
 )
@@ -12,6 +13,7 @@ __all__ = [
     "EnvError",
     "EnvFactory",
     "make_env_factory",
+    "make_keyed_vector_env",
     "make_vector_env",
     "model_observation_space",
 ]

@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from impala_rl.envs.spaces import EnvError, ModelObservation, model_observation_space
-from impala_rl.envs.structured import is_structured
+from impala_rl.envs.structured import SingleKeyVectorEnv, StructuredVectorEnv, is_structured
 from impala_rl.envs.vector import SameStepVectorEnv
 
 ALE_PREFIX = "ALE/"
@@ -248,3 +248,16 @@ def make_vector_env(factory: Callable[[], gym.Env], num_envs: int) -> Any:
     if envs is not None:
         return envs
     return SameStepVectorEnv([factory] * num_envs)
+
+
+def make_keyed_vector_env(factory: Callable[[], gym.Env], num_envs: int) -> Any:
+    """``num_envs`` copies under the structured vector env's contract (who acts, per-key
+    observations): a :class:`~impala_rl.envs.structured.StructuredVectorEnv` for a structured
+    env, a plain one (:func:`make_vector_env`) as its one-key case,
+    :class:`~impala_rl.envs.structured.SingleKeyVectorEnv`. One env is built to tell which."""
+    probe = factory()
+    structured = is_structured(probe)
+    probe.close()
+    if structured:
+        return StructuredVectorEnv([factory] * num_envs)
+    return SingleKeyVectorEnv(make_vector_env(factory, num_envs))

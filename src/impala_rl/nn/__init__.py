@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from impala_rl.nn.actor_critic import ActorCritic, PolicyOutput
+from impala_rl.nn.acting import Acted, act
+from impala_rl.nn.actor_critic import ActorCritic
 from impala_rl.nn.distributions import (
     SUPPORTED_ACTION_SPACES,
     ActionDistribution,
@@ -14,10 +15,18 @@ from impala_rl.nn.distributions import (
     make_action_head,
 )
 from impala_rl.nn.mlp import ACTIVATIONS, MLP, make_activation
+from impala_rl.nn.structured import StructuredActorCritic
+
+Model = ActorCritic | StructuredActorCritic
+"""The keyed actor-critic interface: a plain env's model is its one-step-key case."""
 
 __all__ = [
     "ACTIVATIONS",
     "MLP",
+    "Acted",
+    "Model",
+    "StructuredActorCritic",
+    "act",
     "SUPPORTED_ACTION_SPACES",
     "ActionDistribution",
     "ActionHead",
@@ -26,7 +35,6 @@ __all__ = [
     "CategoricalDistribution",
     "DiagGaussianDistribution",
     "MultiCategoricalDistribution",
-    "PolicyOutput",
     "make_action_head",
     "make_activation",
 ]

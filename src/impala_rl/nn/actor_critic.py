@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import gymnasium
 import numpy as np
@@ -33,18 +32,9 @@ from impala_rl.nn.init import VALUE_HEAD
 from impala_rl.nn.normalization import RunningObsNorm
 from impala_rl.nn.popart import PopArtValueHead
 
-__all__ = ["PRECISIONS", "ActorCritic", "PolicyOutput"]
+__all__ = ["PRECISIONS", "ActorCritic"]
 
 PRECISIONS = ("fp32", "bf16")
-
-
-@dataclass
-class PolicyOutput:
-    """Policy distribution and state value for a batch of observations."""
-
-    dist: ActionDistribution  # over [*batch]
-    value: Tensor  # [*batch]
-    core_state: CoreState | None = None  # (h, c) [1, B, H] after the last step; None: no core
 
 
 def action_feature_size(space: gymnasium.Space) -> int:
@@ -70,20 +60,25 @@ def encode_actions(head: ActionHead, actions: Tensor) -> Tensor:
 
 
 class ActorCritic(nn.Module):
-    """Actor-critic over a ``Box`` observation.
+    """Actor-critic over a ``Box`` observation: the one-step-key case of the keyed model
+    interface (:class:`~impala_rl.nn.structured.StructuredActorCritic` has several keys).
 
     The torso is an encoder from :mod:`impala_rl.nn.encoders`: an MLP over the flattened
     observation (``encoder="mlp"``), or a CNN over ``uint8`` images ``[C, H, W]``. With
     ``shared_torso`` one torso feeds both heads; otherwise the policy and value each get their
-    own. ``use_last_action_reward`` appends the previous action (one-hot) and the previous
-    reward clipped to [-1, 1] to each torso's output. ``core="lstm"`` puts an LSTM between the
-    (shared) torso and the heads.
+    own. ``use_last_action_reward`` appends the previous decision's :meth:`last_inputs` (action
+    one-hot, reward clipped to [-1, 1]) to each torso's output. ``core="lstm"`` puts an LSTM
+    between the (shared) torso and the heads.
 
-    Models without a core take observations with any leading batch dims ``[*batch]``. With a
-    core the input is a time-major sequence ``[T, B]`` with ``first [T, B]`` (episode starts:
-    the state resets there) and the state before step 0; :meth:`act` and :meth:`value` take
-    one step ``[B]``.
+    Every method takes the step key first (always 0 here) so code outside ``nn/`` treats this
+    model and a structured one alike: :meth:`act` for one acting step, :meth:`policy_value`
+    over any batch of a model without a core, :meth:`encode`, ``core`` and :meth:`heads` along
+    time-major columns of a model with one, :meth:`value` for a final observation.
     """
+
+    step_keys: tuple[int, ...] = (0,)
+    critic_keys: tuple[int, ...] = (0,)
+    n_agents = 1
 
     def __init__(
         self,
@@ -117,6 +112,9 @@ class ActorCritic(nn.Module):
             raise ValueError(f"core={core!r} needs shared_torso=true (one torso feeds the core)")
         self.observation_space = observation_space
         self.action_space = action_space
+        self.observation_spaces = {0: observation_space}
+        self.action_spaces = {0: action_space}
+        self.mask_sizes: dict[int, int | None] = {}
         self.obs_shape: tuple[int, ...] = tuple(observation_space.shape)
         self.obs_dim = int(np.prod(self.obs_shape, dtype=np.int64))
         self.shared_torso = bool(shared_torso)
@@ -145,7 +143,7 @@ class ActorCritic(nn.Module):
         value_in = features
         if self.value_torso is not None:
             value_in = self.value_torso.out_features + self.extra_features
-        self.action_head: ActionHead = make_action_head(action_space, features)
+        self.policy_head: ActionHead = make_action_head(action_space, features)
         self.value_head: nn.Linear | PopArtValueHead
         if popart_beta is None:
             self.value_head = out = nn.Linear(value_in, 1)
@@ -159,6 +157,7 @@ class ActorCritic(nn.Module):
             for module in (self.policy_torso, self.value_torso):
                 if module is not None and hasattr(module, "use_channels_last"):
                     module.use_channels_last()
+        self._register_load_state_dict_pre_hook(_renamed_action_head)
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -176,21 +175,37 @@ class ActorCritic(nn.Module):
         """The core state at an episode start, ``(h, c)`` each ``[1, B, H]``; None: no core."""
         return None if self.core is None else self.core.initial_state(batch_size, device)
 
+    def action_head(self, step_key: int = 0) -> ActionHead:
+        """The action head of step key ``step_key`` (the only one)."""
+        return self.policy_head
+
+    def observation_normalizer(self, step_key: int = 0) -> RunningObsNorm | None:
+        """The running statistics ``normalize_obs`` keeps for the key's observations."""
+        return self.obs_norm
+
+    def critic_key(self, step_key: int) -> int:
+        """The critic that values step key ``step_key``'s observations: the only one."""
+        return 0
+
+    def popart_heads(self) -> dict[int, PopArtValueHead]:
+        """The PopArt head of each critic key: the one value head's, if it is one."""
+        return {0: self.value_head} if isinstance(self.value_head, PopArtValueHead) else {}
+
+    def last_inputs(self, step_key: int, action: Tensor, reward: Tensor) -> Tensor:
+        """What the next decision reads of this one (``use_last_action_reward``): the action
+        ``[B, *a]`` encoded and the reward since ``[B]`` (clipped where read), ``[B, A + 1]``."""
+        features = encode_actions(self.policy_head, action)
+        return torch.cat([features, reward.to(features.device, torch.float32).unsqueeze(-1)], -1)
+
     # -- internals -------------------------------------------------------------------------------
     def _check(self, obs: Tensor) -> Tensor:
-        """``obs`` must be ``[*batch, *obs_shape]``; the torsos flatten or convolve what this
-        returns (``obs``, normalized with ``normalize_obs``)."""
+        """``obs`` must be ``[*batch, *obs_shape]``; returns it normalized (``normalize_obs``)."""
         n = len(self.obs_shape)
         batch_ndim = obs.ndim - n
         if batch_ndim < 0 or tuple(obs.shape[batch_ndim:]) != self.obs_shape:
             raise ValueError(
                 f"Expected observations of shape [*batch, {', '.join(map(str, self.obs_shape))}]"
                 f", got {tuple(obs.shape)}"
-            )
-        if self.core is not None and batch_ndim != 2:
-            raise ValueError(
-                "a model with a core needs time-major observations [T, B, *obs_shape], got "
-                f"{tuple(obs.shape)}"
             )
         return obs if self.obs_norm is None else self.obs_norm(obs)
 
@@ -199,49 +214,28 @@ class ActorCritic(nn.Module):
             return torch.autocast(self.value_head.weight.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _extra(
-        self,
-        obs: Tensor,
-        first: Tensor | None,
-        last_action: Tensor | None,
-        last_reward: Tensor | None,
-    ) -> Tensor:
-        """Last action and clipped last reward as features ``[*batch, A + 1]``; zero where
-        ``first [*batch]`` is true (a one-hot would otherwise claim action 0)."""
-        batch = obs.shape[: obs.ndim - len(self.obs_shape)]
-        if last_action is None or last_reward is None:
-            raise ValueError("use_last_action_reward needs last_action and last_reward inputs")
-        features = encode_actions(self.action_head, last_action.to(obs.device))
-        reward = last_reward.to(obs.device, torch.float32).clamp(-1.0, 1.0).unsqueeze(-1)
-        extra = torch.cat([features, reward], dim=-1).reshape(*batch, self.extra_features)
-        if first is not None:
-            extra = extra * (~first.to(obs.device).bool()).unsqueeze(-1)
-        return extra
+    def _extra(self, extra: Tensor | None, obs: Tensor) -> Tensor | None:
+        """The last-decision inputs ``[*batch, A + 1]`` as the heads read them (reward
+        clipped); ``None`` for a model that does not read them."""
+        if not self.use_last_action_reward:
+            return None
+        if extra is None:
+            raise ValueError("use_last_action_reward needs the last inputs (extra=last_inputs)")
+        extra = extra.to(obs.device, torch.float32)
+        return torch.cat([extra[..., :-1], extra[..., -1:].clamp(-1.0, 1.0)], dim=-1)
 
     def _features(
-        self,
-        obs: Tensor,
-        first: Tensor | None,
-        core_state: CoreState | None,
-        last_action: Tensor | None,
-        last_reward: Tensor | None,
-        with_value: bool,
-    ) -> tuple[Tensor, Tensor | None, CoreState | None]:
-        """Policy features, value features (``None`` when shared or not asked for), core state;
-        features are float32 ``[*batch, F]``."""
+        self, obs: Tensor, extra: Tensor | None, with_value: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Torso features for the policy (or the core) and, ``with_value``, for the value
+        (the policy's when shared); float32 ``[*batch, F]``."""
         x = self._check(obs)
-        extra = None
-        if self.use_last_action_reward:
-            extra = self._extra(obs, first, last_action, last_reward)
-        state = None
+        extra = self._extra(extra, obs)
         value_features = None
         with self._autocast():
             features = self.policy_torso(x)
             if extra is not None:
                 features = torch.cat([features, extra.to(features.dtype)], dim=-1)
-            if self.core is not None:
-                features, state = self.core(features, first, core_state)
-                state = (state[0].float(), state[1].float())
             if with_value and self.value_torso is not None:
                 value_features = self.value_torso(x)
                 if extra is not None:
@@ -253,108 +247,100 @@ class ActorCritic(nn.Module):
             value_features = value_features.float()
         elif with_value:
             value_features = features
-        return features, value_features, state
+        return features, value_features
 
-    # -- public API ------------------------------------------------------------------------------
-    def forward(
-        self,
-        obs: Tensor,
-        first: Tensor | None = None,
-        core_state: CoreState | None = None,
-        last_action: Tensor | None = None,
-        last_reward: Tensor | None = None,
-    ) -> PolicyOutput:
-        """Action distribution and value for ``obs [*batch, *obs_shape]``.
-
-        With a core ``obs`` is ``[T, B, *obs_shape]``, ``first [T, B]`` marks episode starts
-        (the state resets before those steps; ``None``: none) and ``core_state`` is the state
-        before step 0 (``None``: zeros); the output carries the state after step ``T - 1``.
-        ``last_action [*batch, *action_shape]`` and ``last_reward [*batch]`` are needed with
-        ``use_last_action_reward``; where ``first [*batch]`` is true they are replaced by zeros.
-        """
-        features, value_features, state = self._features(
-            obs, first, core_state, last_action, last_reward, with_value=True
-        )
-        dist = self.action_head(features)
-        value = self.value_head(value_features).squeeze(-1)
-        return PolicyOutput(dist=dist, value=value, core_state=state)
-
-    def act(
-        self,
-        obs: Tensor,
-        first: Tensor | None = None,
-        core_state: CoreState | None = None,
-        last_action: Tensor | None = None,
-        last_reward: Tensor | None = None,
-    ) -> tuple[ActionDistribution, CoreState | None]:
-        """One acting step: the action distribution over ``[B]`` for ``obs [B, *obs_shape]``
-        and the core state after it (``None`` without a core). The value is not computed."""
-        if self.core is None:
-            features, _, _ = self._features(
-                obs, first, None, last_action, last_reward, with_value=False
+    def _no_core(self, method: str) -> None:
+        if self.core is not None:
+            raise ValueError(
+                f"{method}() reads observations alone; a model with a core reads an agent's "
+                "decisions in order: act() one step, encode(), core and heads() a sequence"
             )
-            return self.action_head(features), None
-        features, _, state = self._features(
-            obs.unsqueeze(0),
-            None if first is None else first.reshape(1, -1),
-            core_state,
-            None if last_action is None else last_action.unsqueeze(0),
-            None if last_reward is None else last_reward.unsqueeze(0),
-            with_value=False,
-        )
-        return self.action_head(features[0]), state
 
-    def policy(self, obs: Tensor) -> ActionDistribution:
-        """The action distribution alone for a model that reads only observations:
-        ``obs [*batch, *obs_shape]``."""
-        if self.needs_inputs:
-            raise ValueError("this model needs more than observations: use act()")
-        if self.precision == "fp32":  # the actor's hot path on plain models
-            return self.action_head(self.policy_torso(self._check(obs)))
-        features, _, _ = self._features(obs, None, None, None, None, with_value=False)
-        return self.action_head(features)
+    # -- the keyed interface -------------------------------------------------------------------
+    def policy(
+        self,
+        step_key: int,
+        obs: Tensor,
+        action_mask: Tensor | None = None,
+        extra: Tensor | None = None,
+    ) -> ActionDistribution:
+        """The action distribution for ``obs [*batch, *obs_shape]`` (a model without a core);
+        ``extra [*batch, A + 1]``: :meth:`last_inputs` (``use_last_action_reward``)."""
+        self._no_core("policy")
+        _no_mask(action_mask)
+        if self.precision == "fp32" and not self.use_last_action_reward:  # the actors' hot path
+            return self.policy_head(self.policy_torso(self._check(obs)))
+        features, _ = self._features(obs, extra, with_value=False)
+        return self.policy_head(features)
+
+    def policy_value(
+        self,
+        step_key: int,
+        obs: Tensor,
+        action_mask: Tensor | None = None,
+        extra: Tensor | None = None,
+    ) -> tuple[ActionDistribution, Tensor]:
+        """Action distribution and values ``[*batch]`` for ``obs [*batch, *obs_shape]`` (a
+        model without a core), a shared torso run once."""
+        self._no_core("policy_value")
+        _no_mask(action_mask)
+        features, value_features = self._features(obs, extra, with_value=True)
+        return self.policy_head(features), self.value_head(value_features).squeeze(-1)
 
     def value(
         self,
+        step_key: int,
         obs: Tensor,
+        extra: Tensor | None = None,
         core_state: CoreState | None = None,
-        last_action: Tensor | None = None,
-        last_reward: Tensor | None = None,
     ) -> Tensor:
-        """State values ``[*batch]`` for ``obs [*batch, *obs_shape]``; with a core ``obs`` is
-        one step ``[B, *obs_shape]`` continuing from ``core_state`` (no reset)."""
+        """Values ``[*batch]`` of ``obs [*batch, *obs_shape]``. A model with a core values one
+        step ``[B, *obs_shape]`` that continues from ``core_state`` (no reset): a final
+        observation at truncation."""
         if self.core is None:
-            _, value_features, _ = self._features(
-                obs, None, None, last_action, last_reward, with_value=True
-            )
+            _, value_features = self._features(obs, extra, with_value=True)
             return self.value_head(value_features).squeeze(-1)
-        _, value_features, _ = self._features(
-            obs.unsqueeze(0),
-            None,
-            core_state,
-            None if last_action is None else last_action.unsqueeze(0),
-            None if last_reward is None else last_reward.unsqueeze(0),
-            with_value=True,
-        )
-        return self.value_head(value_features[0]).squeeze(-1)
+        if core_state is None:
+            raise ValueError("value() on a model with a core needs the agents' core_state")
+        y, _ = self.core(self.encode(step_key, obs, extra).unsqueeze(0), None, core_state)
+        return self.heads(step_key, y[0])[1]
 
-    # -- step keys: a plain env is one agent with the single step key 0 and critic 0 -----------
-    step_keys: tuple[int, ...] = (0,)
-    critic_keys: tuple[int, ...] = (0,)
+    def encode(self, step_key: int, obs: Tensor, extra: Tensor | None = None) -> Tensor:
+        """Torso features ``[*batch, F]`` (float32) followed by the last inputs when the model
+        reads them: the core's input."""
+        return self._features(obs, extra, with_value=False)[0]
 
-    def critic_key(self, step_key: int) -> int:
-        """The critic that values step key ``step_key``'s observations: the only one."""
-        return 0
+    def heads(
+        self, step_key: int, features: Tensor, action_mask: Tensor | None = None
+    ) -> tuple[ActionDistribution, Tensor]:
+        """Action distribution and value for core outputs ``features [*batch, H]``."""
+        _no_mask(action_mask)
+        return self.policy_head(features), self.value_head(features).squeeze(-1)
 
-    def popart_heads(self) -> dict[int, PopArtValueHead]:
-        """The PopArt head of each critic key: the one value head's, if it is one."""
-        return {0: self.value_head} if isinstance(self.value_head, PopArtValueHead) else {}
+    def act(
+        self,
+        step_key: int,
+        obs: Tensor,
+        action_mask: Tensor | None = None,
+        first: Tensor | None = None,
+        core_state: CoreState | None = None,
+        extra: Tensor | None = None,
+    ) -> tuple[ActionDistribution, CoreState | None]:
+        """One decision of ``B`` agents: ``obs [B, *obs_shape]``; with a core ``first [B]``
+        (the state resets there) and ``core_state`` ``(h, c)`` each ``[1, B, H]``. Returns the
+        action distribution and the core state after it (``None`` without a core)."""
+        if self.core is None:
+            return self.policy(step_key, obs, action_mask, extra), None
+        features = self.encode(step_key, obs, extra).unsqueeze(0)
+        first = None if first is None else first.reshape(1, -1)
+        y, state = self.core(features, first, core_state)
+        return self.heads(step_key, y[0], action_mask)[0], state
 
     def policy_parameters(self, step_key: int | None = None) -> list[nn.Parameter]:
         """Parameters the policy loss trains (the shared torso and the core included); the one
         step key's for ``step_key`` 0 or ``None``."""
         core = [] if self.core is None else list(self.core.parameters())
-        return [*self.policy_torso.parameters(), *core, *self.action_head.parameters()]
+        return [*self.policy_torso.parameters(), *core, *self.policy_head.parameters()]
 
     def critic_parameters(self, critic_key: int | None = None) -> list[nn.Parameter]:
         """Parameters the value loss trains (the shared torso and the core included); the one
@@ -362,3 +348,15 @@ class ActorCritic(nn.Module):
         torso = self.policy_torso if self.value_torso is None else self.value_torso
         core = [] if self.core is None else list(self.core.parameters())
         return [*torso.parameters(), *core, *self.value_head.parameters()]
+
+
+def _no_mask(action_mask: Tensor | None) -> None:
+    if action_mask is not None:
+        raise ValueError("action masks come with structured envs; this model has none")
+
+
+def _renamed_action_head(state_dict: dict, prefix: str, *_args) -> None:
+    """Checkpoints written before the keyed interface named the action head ``action_head``."""
+    old = prefix + "action_head."
+    for name in [n for n in state_dict if n.startswith(old)]:
+        state_dict[prefix + "policy_head." + name[len(old) :]] = state_dict.pop(name)

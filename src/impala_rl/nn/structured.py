@@ -295,6 +295,10 @@ class StructuredActorCritic(nn.Module):
     def action_head(self, step_key: int) -> ActionHead:
         return self._policy_net(step_key).action_head
 
+    def observation_normalizer(self, step_key: int) -> RunningObsNorm | None:
+        """The running statistics ``normalize_obs`` keeps for step key ``step_key``."""
+        return None if self.obs_norms is None else self.obs_norms[str(step_key)]  # type: ignore[return-value]
+
     def normalized(self, step_key: int, obs: Tensor) -> Tensor:
         """``obs`` as step key ``step_key``'s policy and critic read it (``normalize_obs``)."""
         return obs if self.obs_norms is None else self.obs_norms[str(step_key)](obs)
@@ -340,6 +344,17 @@ class StructuredActorCritic(nn.Module):
         self._no_core("policy")
         net = self._policy_net(step_key)
         return net(self.normalized(step_key, obs), action_mask, self._extra(extra, obs))
+
+    def policy_value(
+        self,
+        step_key: int,
+        obs: Tensor,
+        action_mask: Tensor | None = None,
+        extra: Tensor | None = None,
+    ) -> tuple[ActionDistribution, Tensor]:
+        """Step key ``step_key``'s action distribution and values ``[*batch]`` for ``obs
+        [*batch, *o_k]`` (a model without a core)."""
+        return self.policy(step_key, obs, action_mask, extra), self.value(step_key, obs, extra)
 
     def value(
         self,
@@ -402,17 +417,20 @@ class StructuredActorCritic(nn.Module):
         self,
         step_key: int,
         obs: Tensor,
-        action_mask: Tensor | None,
-        first: Tensor,
-        core_state: CoreState,
+        action_mask: Tensor | None = None,
+        first: Tensor | None = None,
+        core_state: CoreState | None = None,
         extra: Tensor | None = None,
-    ) -> tuple[ActionDistribution, CoreState]:
-        """One decision of ``B`` agents whose step key is ``step_key`` (a model with a core):
-        ``obs [B, *o_k]``, ``first [B]`` (the agent's first decision of an episode: the state
-        resets), ``core_state`` the agents' states ``(h, c)`` each ``[1, B, H]``."""
-        assert self.core is not None, "act() needs a core; use policy()"
+    ) -> tuple[ActionDistribution, CoreState | None]:
+        """One decision of ``B`` agents whose step key is ``step_key``: ``obs [B, *o_k]``;
+        with a core ``first [B]`` (the agent's first decision of an episode: the state resets)
+        and ``core_state`` the agents' states ``(h, c)`` each ``[1, B, H]``. Returns the action
+        distribution and the state after it (``None`` without a core)."""
+        if self.core is None:
+            return self.policy(step_key, obs, action_mask, extra), None
         features = self.encode(step_key, obs, extra).unsqueeze(0)
-        y, state = self.core(features, first.reshape(1, -1), core_state)
+        first = None if first is None else first.reshape(1, -1)
+        y, state = self.core(features, first, core_state)
         return self._policy_net(step_key).head(y[0], action_mask), state
 
     def policy_parameters(self, step_key: int | None = None) -> list[nn.Parameter]:
