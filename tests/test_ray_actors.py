@@ -237,7 +237,7 @@ def test_batches_match_the_other_backends_and_versions_are_bounded():
         wait_until(lambda: actors.queue_size() == max_waiting, 30, "the queue to fill")
         time.sleep(0.5)
         assert actors.queue_size() == max_waiting
-        assert all(not a.refs or not a.blocked for a in actors.actors)
+        assert all(not a.refs or not actors.queue.is_blocked(a.index) for a in actors.actors)
         stats = actors.get_epoch_stats_aggregator().reduce()
     assert seen_actors == {0, 1}
     assert stats["actor_env_steps"] > 0 and stats["episode_return/count"] > 0
@@ -277,7 +277,7 @@ def test_stale_drop_after_a_long_pause_is_not_a_stall(monkeypatch):
         wait_until(
             lambda: (
                 actors.queue_size() == actors.max_waiting
-                and all(a.blocked and not a.refs for a in actors.actors)
+                and all(actors.queue.is_blocked(a.index) and not a.refs for a in actors.actors)
             ),
             30,
             "every actor to wait for queue room",

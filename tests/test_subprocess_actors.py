@@ -335,7 +335,7 @@ def test_queue_is_bounded_while_the_learner_sleeps(factor):
         wait_until(
             lambda: (
                 actors.queue_size() == max_waiting
-                and all(a.blocked_slot is not None for a in actors.actors)
+                and all(actors.queue.is_blocked(a.index) for a in actors.actors)
                 and len(actors._batches) == 1
             ),
             30,

@@ -17,7 +17,9 @@ Layout
   before it starts the unroll, so weights change between unrolls only.
 - ``max_policy_lag`` is checked when a batch is handed out, where the learner measures it. A
   rollout's episode statistics are recorded when it leaves the queue, taken or dropped, together
-  with its env steps (see :class:`CollectedOutputs`).
+  with its env steps (see :class:`CollectedOutputs`). The queue, its stale drops and their
+  accounting are :class:`impala_rl.actors.rollout_queue.RolloutQueue`'s, as for the subprocess
+  backend.
 - Faults: a call that fails because its actor (or the actor's node) died drops the rollout
   (``lost_rollouts``), kills what is left of the actor and starts a new one with the same
   resources (``actor_restarts``); it is placed wherever resources allow and starts working when
@@ -37,7 +39,6 @@ when the backend is created.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 import os
@@ -53,8 +54,9 @@ import numpy as np
 import torch
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
-from impala_rl.config import ConfigError, handout_lag_bound, max_waiting_rollouts
-from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, rollout_spec_for
+from impala_rl.actors.rollout_queue import Rollout, RolloutQueue
+from impala_rl.config import ConfigError
+from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, column_block, rollout_spec_for
 
 INSTALL_HINT = "pip install 'impala-rl[ray]'"
 POLL_S = 0.05
@@ -120,9 +122,6 @@ class RolloutWorker:
         self.loop.close()
 
 
-_Rollout = tuple[dict[str, np.ndarray], int, UnrollResult]  # arrays, policy version, report
-
-
 class _Actor:
     """The learner's view of one Ray actor."""
 
@@ -131,7 +130,6 @@ class _Actor:
         self.handle: Any = None
         self.refs: list[Any] = []  # unroll calls in flight, oldest first (or the start-up probe)
         self.starting = False  # ``refs[0]`` is the start-up probe, not an unroll
-        self.blocked: list[_Rollout] = []  # finished, waiting for room in the queue
         self.known_version = -1  # weights version the actor has (or gets with its call)
         self.starts = 0
         self.delivered = 0  # rollouts delivered since the last (re)start
@@ -235,15 +233,14 @@ class RayDistributedActors(DistributedActors):
             probe.close()
             self._batch_spec = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size)
             self._batch = self._batch_spec.allocate()
-            self._batch_arrays = {k: v.numpy() for k, v in self._batch.items()}
-            self.max_waiting = max_waiting_rollouts(cfg)
+            # finished rollouts (arrays): queued, blocked with their actor, or dropped as stale
+            self.queue: RolloutQueue[dict[str, np.ndarray]] = RolloutQueue(cfg)
+            self.max_waiting = self.queue.max_waiting
             self._remote_class = ray.remote(RolloutWorker)
             self._weights_ref = ray.put(_numpy_state(self._template.state_dict()))
-            self._ready: collections.deque[_Rollout] = collections.deque()
             self._lock = threading.Condition()
             self._error: BaseException | None = None
             self._stopping = False
-            self._dropped: list[UnrollResult] = []  # stale rollouts since the last batch
             # last rollout delivered, or last time an idle actor was given work
             self._last_progress = time.monotonic()
             self.actors = [_Actor(i) for i in range(cfg.num_actors)]
@@ -289,7 +286,7 @@ class RayDistributedActors(DistributedActors):
 
     def _submit(self, actor: _Actor) -> None:
         """Queue the actor's next unrolls, each with the newest weights if it lacks them."""
-        if actor.handle is None or actor.starting or actor.blocked:
+        if actor.handle is None or actor.starting or self.queue.is_blocked(actor.index):
             return
         if not actor.refs:  # idle until now (e.g. waiting for queue room): the stall clock restarts
             self._last_progress = time.monotonic()
@@ -318,8 +315,10 @@ class RayDistributedActors(DistributedActors):
                 except Exception:
                     pass
             actor.handle = None
-            actor.refs, actor.blocked = [], []
-        self._ready = collections.deque()
+            actor.refs = []
+        queue = getattr(self, "queue", None)
+        if queue is not None:
+            queue.clear()
         self._weights_ref = None
         if self._owns_ray:
             self._owns_ray = False
@@ -384,12 +383,9 @@ class RayDistributedActors(DistributedActors):
             result: UnrollResult
             actor.delivered += 1
             self._last_progress = time.monotonic()
-            item = (arrays, int(arrays["policy_version"][0]), result)
-            if len(self._ready) < self.max_waiting and not actor.blocked:
-                self._ready.append(item)
+            rollout = Rollout(arrays, int(arrays["policy_version"][0]), result)
+            if self.queue.put(actor.index, rollout):
                 self._submit(actor)
-            else:
-                actor.blocked.append(item)
             self._lock.notify_all()
 
     def _fail(self, error: ActorError) -> None:
@@ -425,35 +421,14 @@ class RayDistributedActors(DistributedActors):
 
     # -- the learner's side -----------------------------------------------------------------------
     def _drop_stale(self) -> None:
-        lag_bound = handout_lag_bound(self.cfg)
-        if lag_bound is None:
-            return
-        for actor in self.actors:
-            fresh = []
-            for item in actor.blocked:
-                if self.policy_version - item[1] > lag_bound:
-                    self._drop(item)
-                else:
-                    fresh.append(item)
-            actor.blocked = fresh
-        keep = collections.deque()
-        for item in self._ready:
-            if self.policy_version - item[1] > lag_bound:
-                self._drop(item)
-            else:
-                keep.append(item)
-        self._ready = keep
+        """Drop rollouts more than ``max_policy_lag`` behind the current version."""
+        self.queue.drop_stale(self.policy_version)
         self._unblock()
-
-    def _drop(self, item: _Rollout) -> None:
-        """A stale rollout counts as collected and discarded at the next hand-out."""
-        self._dropped.append(item[2])
 
     def _unblock(self) -> None:
         """Move blocked rollouts into the queue while there is room; give their actors work."""
+        self.queue.unblock()
         for actor in self.actors:
-            while actor.blocked and len(self._ready) < self.max_waiting:
-                self._ready.append(actor.blocked.pop(0))
             self._submit(actor)
 
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -472,7 +447,7 @@ class RayDistributedActors(DistributedActors):
                 if not self._dispatcher.is_alive():
                     raise ActorError("the Ray dispatcher thread stopped unexpectedly")
                 self._drop_stale()
-                if len(self._ready) >= cfg.actors_batch_size:
+                if len(self.queue) >= cfg.actors_batch_size:
                     break
                 stalled = time.monotonic() - self._last_progress
                 if stalled > STALL_TIMEOUT_S:
@@ -484,23 +459,19 @@ class RayDistributedActors(DistributedActors):
                     )
                 self._lock.wait(timeout=POLL_S)
             t0 = time.perf_counter()
-            queue_before = len(self._ready)
-            taken = [self._ready.popleft() for _ in range(cfg.actors_batch_size)]
+            queue_before = len(self.queue)
+            taken = self.queue.take(cfg.actors_batch_size)
             self._unblock()
-            queue_after = len(self._ready)
-            dropped, self._dropped = self._dropped, []
-            results = [result for _, _, result in taken] + dropped
+            queue_after = len(self.queue)
+            dropped = self.queue.take_dropped()
+            results = [rollout.result for rollout in taken] + dropped
             for result in results:
                 self.record_unroll(result)
         n = self._batch_spec.N // cfg.actors_batch_size
-        out = self._batch_arrays
-        for b, (arrays, _, _) in enumerate(taken):
-            cols = slice(b * n, (b + 1) * n)
-            for key, src in arrays.items():
-                if src.ndim == 1:
-                    out[key][cols] = src
-                else:
-                    out[key][:, cols] = src
+        for b, rollout in enumerate(taken):
+            block = column_block(self._batch, b * n, (b + 1) * n)
+            for key, src in rollout.payload.items():
+                block[key].numpy()[...] = src  # a numpy copy: the store's arrays are read-only
         del taken  # releases the object store's copies
         batch = self._batch
         if device.type != "cpu":
@@ -516,7 +487,7 @@ class RayDistributedActors(DistributedActors):
 
     def queue_size(self) -> int:
         with self._lock:
-            return len(self._ready)
+            return len(self.queue)
 
     def actor_node_ids(self, timeout: float = 60.0) -> list[str | None]:
         """The Ray node each actor runs on (``None`` while one waits for resources)."""

@@ -12,7 +12,8 @@ Layout
   episode statistics. At most ``max_waiting = ceil(queue_out_of_sync_factor *
   actors_batch_size)`` full slots wait for the learner; an actor whose slot finds the queue
   full is given no new slot until the learner takes a batch (it blocks), which bounds
-  staleness.
+  staleness. The queue, its stale drops and their accounting are
+  :class:`impala_rl.actors.rollout_queue.RolloutQueue`'s, as for the Ray backend.
 - The dispatcher also assembles the next batch while the learner updates (prefetch), notices
   dead actors at once (process sentinels), reclaims their slot and restarts them up to
   ``runner.max_actor_restarts``.
@@ -50,7 +51,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
-from impala_rl.config import handout_lag_bound, max_waiting_rollouts
+from impala_rl.actors.rollout_queue import Rollout, RolloutQueue
 from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, column_block
 
 POLL_S = 0.05
@@ -180,8 +181,7 @@ class _Actor:
         self.index = index
         self.process: Any = None
         self.conn: Connection | None = None
-        self.slot: int | None = None  # slot it is filling
-        self.blocked_slot: int | None = None  # full slot waiting for room in the queue
+        self.slot: int | None = None  # slot it is filling (a full one waits in the queue)
         self.starts = 0
         self.delivered = 0  # rollouts delivered since the last (re)start
 
@@ -232,7 +232,9 @@ class SubprocessDistributedActors(DistributedActors):
         probe = self.env_factory()
         spec: RolloutSpec = self.spec(probe.observation_space)
         probe.close()
-        self.max_waiting = max_waiting_rollouts(cfg)
+        # full slots: queued, blocked with their actor, or dropped as stale
+        self.queue: RolloutQueue[int] = RolloutQueue(cfg)
+        self.max_waiting = self.queue.max_waiting
         n_slots = self.max_waiting + cfg.num_actors + cfg.actors_batch_size
         self._store = spec.allocate(share_memory=True, n_slots=n_slots)
         self.slots = slot_views(self._store)
@@ -241,8 +243,6 @@ class SubprocessDistributedActors(DistributedActors):
         self.weights = SharedWeights(self._template.state_dict())
         self.weights.publish(self._template.state_dict(), self.policy_version)
         self._free: collections.deque[int] = collections.deque(range(n_slots))
-        self._ready: collections.deque[int] = collections.deque()
-        self._results: dict[int, UnrollResult] = {}  # full slot -> what its unroll reported
         self._lock = threading.Condition()
         # assembled batches, each with its oldest policy version and the reports it hands out
         self._batches: collections.deque[tuple[CollectedOutputs, int, list[UnrollResult]]] = (
@@ -252,7 +252,6 @@ class SubprocessDistributedActors(DistributedActors):
         self._error: BaseException | None = None
         self._stopping = False
         self._unreaped: list[Any] = []
-        self._dropped: list[UnrollResult] = []  # stale rollouts since the last batch
         self._assembling = False
         self._learner_device: torch.device | None = None
         self.actors = [_Actor(i) for i in range(cfg.num_actors)]
@@ -298,7 +297,7 @@ class SubprocessDistributedActors(DistributedActors):
         actor.starts += 1
 
     def _give_slot(self, actor: _Actor) -> None:
-        if actor.slot is None and actor.blocked_slot is None and self._free:
+        if actor.slot is None and not self.queue.is_blocked(actor.index) and self._free:
             actor.slot = self._free.popleft()
             try:
                 actor.conn.send(actor.slot)  # type: ignore[union-attr]
@@ -383,13 +382,9 @@ class SubprocessDistributedActors(DistributedActors):
         _, slot, result = msg
         result: UnrollResult
         actor.delivered += 1
-        self._results[slot] = result
         actor.slot = None
-        if len(self._ready) < self.max_waiting:
-            self._ready.append(slot)
+        if self.queue.put(actor.index, Rollout(slot, self._slot_version(slot), result)):
             self._give_slot(actor)
-        else:
-            actor.blocked_slot = slot
         self._lock.notify_all()
 
     def _on_death(self, actor: _Actor) -> None:
@@ -403,10 +398,8 @@ class SubprocessDistributedActors(DistributedActors):
         if actor.slot is not None:  # reclaim the slot it was filling
             self._free.append(actor.slot)
             actor.slot = None
-        if actor.blocked_slot is not None:  # lost with its actor: neither recorded nor counted
-            self._results.pop(actor.blocked_slot, None)
-            self._free.append(actor.blocked_slot)
-            actor.blocked_slot = None
+        for lost in self.queue.discard_blocked(actor.index):  # neither recorded nor counted
+            self._free.append(lost.payload)
         actor.conn.close()
         actor.process = actor.conn = None
         if failed:
@@ -448,14 +441,15 @@ class SubprocessDistributedActors(DistributedActors):
                 return
             # during an update the batch is handed out after that update's broadcast
             self._drop_stale(self.policy_version + int(self._in_update))
-            if len(self._ready) < self.cfg.actors_batch_size:
+            if len(self.queue) < self.cfg.actors_batch_size:
                 return
-            taken = [self._ready.popleft() for _ in range(self.cfg.actors_batch_size)]
+            queue_before = len(self.queue)
+            rollouts = self.queue.take(self.cfg.actors_batch_size)
             self._assembling = True
-            queue_before = len(self._ready) + len(taken)
             device = self._learner_device
-            oldest = min(self._slot_version(i) for i in taken)
-            results = [self._results.pop(i) for i in taken]
+            taken = [r.payload for r in rollouts]
+            oldest = min(r.version for r in rollouts)
+            results = [r.result for r in rollouts]
         t0 = time.perf_counter()
         batch = self._batch_spec.allocate()
         if device.type == "cuda":
@@ -472,12 +466,12 @@ class SubprocessDistributedActors(DistributedActors):
             self._assembling = False
             self._free.extend(taken)
             self._unblock()
-            dropped, self._dropped = self._dropped, []
+            dropped = self.queue.take_dropped()
             results += dropped
             out = CollectedOutputs(
                 batch,
                 queue_before,
-                len(self._ready),
+                len(self.queue),
                 copy_time if in_learner else 0.0,
                 sum(r.env_steps for r in results),
                 len(dropped),
@@ -488,43 +482,15 @@ class SubprocessDistributedActors(DistributedActors):
     def _slot_version(self, slot_index: int) -> int:
         return int(self.slots[slot_index]["policy_version"][0])
 
-    def _drop_slot(self, slot_index: int) -> None:
-        """Free a stale full slot; its rollout counts as discarded at the next hand-out."""
-        self._dropped.append(self._results.pop(slot_index))
-        self._free.append(slot_index)
-
     def _drop_stale(self, handout_version: int) -> None:
-        """Drop full slots more than ``max_policy_lag`` behind ``handout_version``."""
-        lag_bound = handout_lag_bound(self.cfg)
-        if lag_bound is None:
-            return
-
-        def stale(slot_index: int) -> bool:
-            return handout_version - self._slot_version(slot_index) > lag_bound
-
-        # Blocked full slots enter the queue in _unblock below, so check them too: otherwise a
-        # stale blocked slot would be taken into the batch unchecked.
-        for actor in self.actors:
-            if actor.blocked_slot is not None and stale(actor.blocked_slot):
-                self._drop_slot(actor.blocked_slot)
-                actor.blocked_slot = None
-        keep = collections.deque()
-        for slot_index in self._ready:
-            if stale(slot_index):
-                self._drop_slot(slot_index)
-            else:
-                keep.append(slot_index)
-        self._ready = keep
+        """Drop full slots more than ``max_policy_lag`` behind ``handout_version``, free them."""
+        for rollout in self.queue.drop_stale(handout_version):
+            self._free.append(rollout.payload)
         self._unblock()
 
     def _unblock(self) -> None:
         """Move blocked full slots into the queue while there is room; re-arm their actors."""
-        for actor in self.actors:
-            if actor.blocked_slot is not None and len(self._ready) < self.max_waiting:
-                self._ready.append(actor.blocked_slot)
-                actor.blocked_slot = None
-                if actor.conn is not None:
-                    self._give_slot(actor)
+        self.queue.unblock()
         for actor in self.actors:
             if actor.conn is not None:
                 self._give_slot(actor)
@@ -549,7 +515,7 @@ class SubprocessDistributedActors(DistributedActors):
                         raise self._error
                     if not self._dispatcher.is_alive():
                         raise ActorError("the dispatcher thread stopped unexpectedly")
-                    if len(self._ready) >= self.cfg.actors_batch_size and not self._assembling:
+                    if len(self.queue) >= self.cfg.actors_batch_size and not self._assembling:
                         break
                     self._lock.wait(timeout=POLL_S)
             if not self._batches:
@@ -560,9 +526,8 @@ class SubprocessDistributedActors(DistributedActors):
                     continue  # stale slots were dropped: wait for fresh ones
                 out, oldest, results = self._batches.popleft()
                 self._lock.notify_all()
-                lag_bound = handout_lag_bound(self.cfg)
-                if lag_bound is not None and self.policy_version - oldest > lag_bound:
-                    self._dropped[:0] = results  # prefetched before several broadcasts: stale
+                if self.queue.is_stale(oldest, self.policy_version):
+                    self.queue.drop_taken(results)  # prefetched before several broadcasts
                     continue
                 self._in_update = True
                 for result in results:
@@ -572,4 +537,4 @@ class SubprocessDistributedActors(DistributedActors):
 
     def queue_size(self) -> int:
         with self._lock:
-            return len(self._ready)
+            return len(self.queue)
