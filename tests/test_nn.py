@@ -18,7 +18,7 @@ from impala_rl.nn import (
     CategoricalDistribution,
     DiagGaussianDistribution,
     MultiCategoricalDistribution,
-    PolicyOutput,
+    act,
     make_action_head,
     make_activation,
 )
@@ -280,15 +280,17 @@ ACTION_SPACES = [
 @pytest.mark.parametrize("shared", [False, True])
 def test_actor_critic_shapes(action_space: gymnasium.Space, shared: bool) -> None:
     model = ActorCritic(OBS, action_space, hidden_sizes=(16, 16), shared_torso=shared)
+    head = model.action_head(0)
+    assert head is model.policy_head
     for batch in [(T, B), (B,)]:
-        out = model(torch.randn(*batch, 4))
-        assert isinstance(out, PolicyOutput)
-        assert out.value.shape == batch
-        a = out.dist.sample(gen(0))
-        assert out.dist.log_prob(a).shape == batch
-        assert out.dist.entropy().shape == batch
-        assert model.value(torch.randn(*batch, 4)).shape == batch
-        env_a = model.action_head.to_env(a.reshape(-1, *model.action_head.action_shape))
+        dist, value = model.policy_value(0, torch.randn(*batch, 4))
+        assert isinstance(dist, ActionDistribution)
+        assert value.shape == batch
+        a = dist.sample(gen(0))
+        assert dist.log_prob(a).shape == batch
+        assert dist.entropy().shape == batch
+        assert model.value(0, torch.randn(*batch, 4)).shape == batch
+        env_a = head.to_env(a.reshape(-1, *head.action_shape))
         assert all(action_space.contains(x) for x in env_a)
 
 
@@ -296,17 +298,21 @@ def test_actor_critic_flattens_obs_and_casts() -> None:
     obs_space = spaces.Box(0, 255, (2, 3), dtype=np.uint8)
     model = ActorCritic(obs_space, spaces.Discrete(2), hidden_sizes=(8,))
     obs = torch.randint(0, 255, (T, B, 2, 3), dtype=torch.uint8)
-    out = model(obs)
-    assert out.value.shape == (T, B) and out.value.dtype == torch.float32
+    _, value = model.policy_value(0, obs)
+    assert value.shape == (T, B) and value.dtype == torch.float32
     with pytest.raises(ValueError):
-        model(torch.randn(B, 5))
+        model.policy_value(0, torch.randn(B, 5))
+    with pytest.raises(ValueError):
+        model.policy(0, torch.randn(B, 5))
 
 
 def test_value_matches_forward() -> None:
     for shared in (False, True):
         model = ActorCritic(OBS, spaces.Discrete(3), shared_torso=shared)
         obs = torch.randn(T, B, 4)
-        torch.testing.assert_close(model.value(obs), model(obs).value)
+        dist, value = model.policy_value(0, obs)
+        torch.testing.assert_close(model.value(0, obs), value)
+        torch.testing.assert_close(model.policy(0, obs).logits, dist.logits)
 
 
 def test_shared_vs_separate_param_counts() -> None:
@@ -326,14 +332,73 @@ def test_shared_vs_separate_param_counts() -> None:
 @pytest.mark.parametrize("shared", [False, True])
 def test_gradients_reach_all_parameters(action_space: gymnasium.Space, shared: bool) -> None:
     model = ActorCritic(OBS, action_space, hidden_sizes=(8,), activation="elu", shared_torso=shared)
-    out = model(torch.randn(T, B, 4))
-    a = out.dist.sample(gen(0))
-    loss = -out.dist.log_prob(a).mean() - 0.01 * out.dist.entropy().mean() + out.value.pow(2).mean()
+    dist, value = model.policy_value(0, torch.randn(T, B, 4))
+    a = dist.sample(gen(0))
+    loss = -dist.log_prob(a).mean() - 0.01 * dist.entropy().mean() + value.pow(2).mean()
     loss.backward()
     for name, p in model.named_parameters():
         assert p.grad is not None, name
         assert torch.isfinite(p.grad).all(), name
         assert p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("action_space", ACTION_SPACES, ids=lambda s: type(s).__name__)
+def test_act_without_a_core_samples_the_policy(action_space: gymnasium.Space) -> None:
+    """``nn.act`` on a model without a core: the policy's sample (same generator) or mode,
+    its log-prob, the env's form of the action and no core state."""
+    torch.manual_seed(0)
+    model = ActorCritic(OBS, action_space, hidden_sizes=(8,))
+    obs = torch.randn(B, 4)
+    dist = model.policy(0, obs)
+    acted = act(model, 0, obs, generator=gen(5))
+    assert acted.core_state is None
+    assert torch.equal(acted.action, dist.sample(gen(5)))
+    torch.testing.assert_close(acted.log_prob, dist.log_prob(acted.action))
+    assert all(action_space.contains(x) for x in acted.env_action)
+    assert torch.equal(act(model, 0, obs, deterministic=True).action, dist.mode())
+    model_dist, state = model.act(0, obs)
+    assert state is None and torch.equal(model_dist.mode(), dist.mode())
+
+
+@pytest.mark.parametrize("action_space", ACTION_SPACES, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_state_dict_with_the_old_action_head_names_loads_with_identical_outputs(
+    action_space: gymnasium.Space, nested: bool
+) -> None:
+    """Checkpoints written before the keyed interface name the action head ``action_head.*``;
+    they load (strictly) into the model, whose head is ``policy_head.*``, with the same
+    outputs. ``nested``: the model is a submodule (its names carry a prefix)."""
+    torch.manual_seed(0)
+    saved = ActorCritic(OBS, action_space, hidden_sizes=(8,), shared_torso=False)
+    torch.manual_seed(1)
+    fresh = ActorCritic(OBS, action_space, hidden_sizes=(8,), shared_torso=False)
+    names = saved.state_dict().keys()
+    assert any(n.startswith("policy_head.") for n in names)
+    assert not any(n.startswith("action_head.") for n in names)
+    old = {
+        ("action_head." + k[len("policy_head.") :] if k.startswith("policy_head.") else k): v
+        for k, v in saved.state_dict().items()
+    }
+    assert any(k.startswith("action_head.") for k in old)
+    obs = torch.randn(T, B, 4, generator=gen(2))
+    with torch.no_grad():
+        dist, value = saved.policy_value(0, obs)
+        action = dist.sample(gen(3))
+        before = fresh.policy_value(0, obs)[1]
+    assert not torch.equal(before, value)
+    if nested:
+        outer = torch.nn.ModuleDict({"model": fresh})
+        outer.load_state_dict({f"model.{k}": v for k, v in old.items()})
+    else:
+        fresh.load_state_dict(old)
+    with torch.no_grad():
+        loaded, loaded_value = fresh.policy_value(0, obs)
+    assert torch.equal(loaded_value, value)
+    assert torch.equal(loaded.log_prob(action), dist.log_prob(action))
+    assert torch.equal(loaded.entropy(), dist.entropy())
+    assert torch.equal(loaded.mode(), dist.mode())
+    for name, tensor in saved.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
 
 
 @pytest.mark.parametrize(
@@ -387,7 +452,7 @@ def test_orthogonal_init_uses_the_usual_gains_per_layer_type():
     for layer in hidden:
         assert _gain(layer.weight) == pytest.approx(np.sqrt(2), rel=1e-4)
         assert not layer.bias.any()
-    assert _gain(model.action_head.logits.weight) == pytest.approx(0.01, rel=1e-4)
+    assert _gain(model.action_head(0).logits.weight) == pytest.approx(0.01, rel=1e-4)
     assert _gain(model.value_head.weight) == pytest.approx(1.0, rel=1e-4)
 
 
@@ -413,5 +478,5 @@ def test_actor_and_critic_torsos_take_their_own_sizes():
         for torso in (model.policy_torso, model.value_torso)
     ]
     assert widths == [[8], [32, 16]]
-    out = model(torch.zeros(5, 6))
-    assert out.value.shape == (5,) and out.dist.sample().shape == (5,)
+    dist, value = model.policy_value(0, torch.zeros(5, 6))
+    assert value.shape == (5,) and dist.sample().shape == (5,)
