@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from impala_rl.config import REWARD_CLIPPING_MODES
+
 __all__ = [
     "REWARD_CLIPPING_MODES",
     "baseline_loss",
@@ -16,8 +18,6 @@ __all__ = [
     "entropy_loss",
     "policy_gradient_loss",
 ]
-
-REWARD_CLIPPING_MODES = ("none", "abs_one", "soft_asymmetric")
 
 
 def _check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:

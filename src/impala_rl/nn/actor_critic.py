@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from impala_rl.nn.core import CORES, CoreState, LSTMCore
+from impala_rl.config import CORES, PRECISIONS
+from impala_rl.nn.core import CoreState, LSTMCore
 from impala_rl.nn.distributions import (
     ActionDistribution,
     ActionHead,
@@ -33,8 +34,6 @@ from impala_rl.nn.normalization import RunningObsNorm
 from impala_rl.nn.popart import PopArtValueHead
 
 __all__ = ["PRECISIONS", "ActorCritic"]
-
-PRECISIONS = ("fp32", "bf16")
 
 
 def action_feature_size(space: gymnasium.Space) -> int:

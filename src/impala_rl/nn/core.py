@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["CORES", "CoreState", "LSTMCore"]
+from impala_rl.config import CORES
 
-CORES = ("none", "lstm")
+__all__ = ["CORES", "CoreState", "LSTMCore"]
 
 CoreState = tuple[Tensor, Tensor]
 """``(h, c)``, each ``[1, B, H]``."""

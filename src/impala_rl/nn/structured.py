@@ -16,8 +16,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from impala_rl.config import CORES, CRITIC_MODES, PRECISIONS
 from impala_rl.nn.actor_critic import action_feature_size, encode_actions
-from impala_rl.nn.core import CORES, CoreState, LSTMCore
+from impala_rl.nn.core import CoreState, LSTMCore
 from impala_rl.nn.distributions import (
     ActionDistribution,
     ActionHead,
@@ -29,8 +30,6 @@ from impala_rl.nn.encoders import MLPEncoder, make_encoder
 from impala_rl.nn.init import VALUE_HEAD
 from impala_rl.nn.normalization import RunningObsNorm
 from impala_rl.nn.popart import PopArtValueHead
-
-CRITIC_MODES = ("per_step_key", "shared")
 
 
 def _encode(torso: nn.Module, obs: Tensor, precision: str) -> Tensor:
@@ -172,8 +171,8 @@ class StructuredActorCritic(nn.Module):
             raise ValueError(
                 f"shared_torso=true needs critic=per_step_key (a critic per policy), got {critic!r}"
             )
-        if precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be one of fp32, bf16, got {precision!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.n_agents = int(n_agents)
         self.step_keys = sorted(observation_spaces)
         self.observation_spaces = dict(observation_spaces)
