@@ -261,41 +261,81 @@ class Learner:
         ``fresh=False``: a further pass over the same batch (its observations are already in
         the normalization statistics).
         """
-        cfg, model = self.cfg, self.model
         t0 = time.perf_counter()
-        for name, obs in batch.items():
-            if name.startswith("obs") and obs.is_floating_point():
-                if not bool(torch.isfinite(obs).all()):
-                    raise NonFiniteError(f"observations ({name}) contain NaN or Inf")
+        _check_observations(batch)
         if fresh:
-            update_observation_statistics(model, batch)
-        model.train()
-        out = forward_batch(model, batch)
-        target_log_prob, entropy = out.log_prob[:-1], out.entropy[:-1]  # [T, B]
-        values, bootstrap_value = out.value[:-1], out.value[-1].detach()
+            update_observation_statistics(self.model, batch)
+        self.model.train()
+        out = forward_batch(self.model, batch)
         t1 = time.perf_counter()
+        vt = self._targets(batch, out)
+        rows_of, critic_rows = self._key_rows(batch)
+        pg_advantages, value_loss_scale, popart_old = self._popart_step(vt, critic_rows)
+        pg_loss, ent_loss, value_loss, total = self._losses(
+            out, vt, pg_advantages, value_loss_scale, rows_of, critic_rows, train_policy
+        )
+        t2 = time.perf_counter()
+        policy_grad_norm, critic_grad_norm, grad_norm = self._step(
+            total, popart_old, pg_loss, value_loss
+        )
+        t3 = time.perf_counter()
+        rho_bar = self.cfg.vtrace_clip_rho_threshold
+        rhos = {k: _rows(vt.rhos, rows_of[k]) for k in pg_loss}
+        # a relative tolerance keeps float noise of on-policy ratios (1 + 1e-7) from counting
+        clipped = {
+            k: float((r > rho_bar * (1 + 1e-5)).float().mean()) if rho_bar else 0.0
+            for k, r in rhos.items()
+        }
+        values = out.value[:-1].detach()
+        return UpdateStats(
+            total_loss=float(total.detach()),
+            policy_loss={k: float(x.detach()) for k, x in pg_loss.items()},
+            policy_entropy={k: float(-x.detach()) for k, x in ent_loss.items()},
+            policy_grad_norm=policy_grad_norm,
+            critic_value_loss={c: float(x.detach()) for c, x in value_loss.items()},
+            critic_value={c: float(_rows(values, critic_rows[c]).mean()) for c in value_loss},
+            critic_grad_norm=critic_grad_norm,
+            grad_norm=grad_norm,
+            vtrace_mean_rho={k: float(r.mean()) for k, r in rhos.items()},
+            vtrace_clipped_fraction=clipped,
+            policy_lag=(self.num_updates - 1 - batch["policy_version"]).tolist(),
+            learning_rate=self.learning_rate,
+            entropy_coef=self.entropy_coef,
+            timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},
+        )
 
-        # V-trace over the columns. The row after an episode's end belongs to the next episode
-        # (or the agent is done), so the discount there is 0; a truncated episode bootstraps
-        # from its final observation instead, whose value (under the acting policy) the actor
-        # stored: it is added to the reward as gamma * V(x_final).
+    # -- the phases of an update, in order -------------------------------------------------------
+    def _targets(self, batch: dict[str, torch.Tensor], out: TargetOutputs) -> vtrace.VTraceReturns:
+        """V-trace over the columns ``[T, B]``.
+
+        The row after an episode's end belongs to the next episode (or the agent is done), so
+        the discount there is 0; a truncated episode bootstraps from its final observation
+        instead, whose value (under the acting policy) the actor stored: it is added to the
+        reward as ``gamma * V(x_final)``.
+        """
+        cfg = self.cfg
         rewards = losses.clip_rewards(batch["reward"], cfg.reward_clipping)
         truncated = batch["truncated"]
         rewards = rewards + cfg.gamma * truncated.float() * batch["truncation_value"]
         discounts = cfg.gamma * (~(batch["terminated"] | truncated)).float()
-        log_rhos = target_log_prob.detach() - batch["behaviour_log_prob"]
-        vt = vtrace.from_importance_weights(
-            log_rhos,
+        return vtrace.from_importance_weights(
+            out.log_prob[:-1].detach() - batch["behaviour_log_prob"],
             discounts,
             rewards,
-            values.detach(),
-            bootstrap_value,
+            out.value[:-1].detach(),
+            out.value[-1].detach(),
             clip_rho_threshold=cfg.vtrace_clip_rho_threshold,
             clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold,
             clip_c_threshold=cfg.vtrace_clip_c_threshold,
             lambda_=cfg.vtrace_lambda,
         )
-        # The rows of each step key and of each critic (None: every row, one key).
+
+    def _key_rows(
+        self, batch: dict[str, torch.Tensor]
+    ) -> tuple[dict[int, torch.Tensor | None], dict[int, torch.Tensor | None]]:
+        """The rows ``[T, B]`` each step key decides and each critic values (``None``: every
+        row, one key)."""
+        model = self.model
         keys = batch["step_key"][:-1] if "step_key" in batch else None
         rows_of: dict[int, torch.Tensor | None] = {}
         for k in model.step_keys:
@@ -304,11 +344,16 @@ class Learner:
         for c in model.critic_keys:
             of_c = [rows_of[k] for k in model.step_keys if model.critic_key(k) == c]
             critic_rows[c] = None if None in of_c else torch.stack(of_c).any(dim=0)
+        return rows_of, critic_rows
 
-        # PopArt: each critic's statistics move towards its targets; both losses of its rows
-        # are then on its normalized scale (advantages / sigma, value loss / sigma^2).
+    def _popart_step(
+        self, vt: vtrace.VTraceReturns, critic_rows: dict[int, torch.Tensor | None]
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor | float], dict[int, Any]]:
+        """PopArt: each critic's statistics move towards its targets; both losses of its rows
+        are then on its normalized scale (advantages / sigma, value loss / sigma^2). Returns the
+        advantages, each critic's value-loss scale and the statistics before the move."""
         pg_advantages = vt.pg_advantages
-        value_loss_scale: dict[int, torch.Tensor | float] = {c: 1.0 for c in model.critic_keys}
+        value_loss_scale: dict[int, torch.Tensor | float] = {c: 1.0 for c in critic_rows}
         popart_old = {}
         for c, head in self._popart.items():
             rows = critic_rows[c]
@@ -320,8 +365,22 @@ class Learner:
             else:
                 pg_advantages = torch.where(rows, pg_advantages / head.sigma, pg_advantages)
             value_loss_scale[c] = head.sigma.pow(-2)
+        return pg_advantages, value_loss_scale, popart_old
 
-        # The losses, per step key and per critic, over their rows.
+    def _losses(
+        self,
+        out: TargetOutputs,
+        vt: vtrace.VTraceReturns,
+        pg_advantages: torch.Tensor,
+        value_loss_scale: dict[int, torch.Tensor | float],
+        rows_of: dict[int, torch.Tensor | None],
+        critic_rows: dict[int, torch.Tensor | None],
+        train_policy: bool,
+    ) -> tuple[dict, dict, dict, torch.Tensor]:
+        """The policy-gradient and entropy losses per step key and the value loss per critic,
+        each a mean over its rows, and their weighted sum."""
+        cfg = self.cfg
+        target_log_prob, entropy, values = out.log_prob[:-1], out.entropy[:-1], out.value[:-1]
         pg_loss, ent_loss, value_loss = {}, {}, {}
         for k, rows in rows_of.items():
             if rows is None or bool(rows.any()):
@@ -347,41 +406,27 @@ class Learner:
                 f"{[float(x) for x in ent_loss.values()]}); lower algorithm.lr or check the "
                 "env's rewards"
             )
-        t2 = time.perf_counter()
+        return pg_loss, ent_loss, value_loss, total  # type: ignore[return-value]
 
+    def _step(
+        self, total: torch.Tensor, popart_old: dict[int, Any], pg_loss: dict, value_loss: dict
+    ) -> tuple[dict[int, float], dict[int, float], float]:
+        """Backward, PopArt's output preservation, gradient norms and clipping, the optimizer
+        step. Returns the policy and critic gradient norms and the global one (pre-clip)."""
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         for c, old in popart_old.items():  # after the backward: the graph holds the old layer
             self._popart[c].preserve_outputs(*old)
         policy_grad_norm = {k: _grad_norm(self._policy_params[k]) for k in pg_loss}
         critic_grad_norm = {c: _grad_norm(self._critic_params[c]) for c in value_loss}
-        grad_norm = clip_gradients(model, cfg.max_grad_norm)
+        grad_norm = clip_gradients(self.model, self.cfg.max_grad_norm)
         self.optimizer.step()
         self.num_updates += 1
-        t3 = time.perf_counter()
+        return policy_grad_norm, critic_grad_norm, grad_norm
 
-        rho_bar = cfg.vtrace_clip_rho_threshold
-        rhos = {k: _rows(vt.rhos, rows_of[k]) for k in pg_loss}
-        # a relative tolerance keeps float noise of on-policy ratios (1 + 1e-7) from counting
-        clipped = {
-            k: float((r > rho_bar * (1 + 1e-5)).float().mean()) if rho_bar else 0.0
-            for k, r in rhos.items()
-        }
-        return UpdateStats(
-            total_loss=float(total.detach()),
-            policy_loss={k: float(x.detach()) for k, x in pg_loss.items()},
-            policy_entropy={k: float(-x.detach()) for k, x in ent_loss.items()},
-            policy_grad_norm=policy_grad_norm,
-            critic_value_loss={c: float(x.detach()) for c, x in value_loss.items()},
-            critic_value={
-                c: float(_rows(values.detach(), critic_rows[c]).mean()) for c in value_loss
-            },
-            critic_grad_norm=critic_grad_norm,
-            grad_norm=grad_norm,
-            vtrace_mean_rho={k: float(r.mean()) for k, r in rhos.items()},
-            vtrace_clipped_fraction=clipped,
-            policy_lag=(self.num_updates - 1 - batch["policy_version"]).tolist(),
-            learning_rate=self.learning_rate,
-            entropy_coef=self.entropy_coef,
-            timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},
-        )
+
+def _check_observations(batch: dict[str, torch.Tensor]) -> None:
+    for name, obs in batch.items():
+        if name.startswith("obs") and obs.is_floating_point():
+            if not bool(torch.isfinite(obs).all()):
+                raise NonFiniteError(f"observations ({name}) contain NaN or Inf")
