@@ -24,9 +24,10 @@ from impala_rl.config import (
 )
 from impala_rl.envs import EnvFactory
 from impala_rl.evaluation import evaluate
-from impala_rl.learner import model_inputs
+from impala_rl.learner import forward_batch
 from impala_rl.nn import ActorCritic
 from impala_rl.nn.factory import build_model
+from impala_rl.policy import Policy
 from impala_rl.rollout import ActorLoop, rollout_spec_for
 
 if str(Path(__file__).parent) not in sys.path:
@@ -43,8 +44,13 @@ def lstm_model(action_space: gym.Space = spaces.Discrete(3), **kwargs) -> ActorC
     return ActorCritic(OBS, action_space, lstm_hidden_size=H, **{**settings, **kwargs})
 
 
-def logits_of(out) -> torch.Tensor:
-    return out.dist.logits
+def sequence(model: ActorCritic, obs, first, core_state, extra=None):
+    """A time-major sequence ``[T, B]`` through a model with a core, as the learner runs it:
+    the encoder, the core along the columns, the heads. Returns the logits, the values and the
+    core state after the last step."""
+    y, state = model.core(model.encode(0, obs, extra), first, core_state)
+    dist, value = model.heads(0, y)
+    return dist.logits, value, state
 
 
 # -- the model ---------------------------------------------------------------------------------
@@ -62,24 +68,29 @@ def test_split_unroll_equals_one_unroll_with_an_episode_start_in_the_middle(last
     first = torch.zeros(T, B, dtype=torch.bool)
     first[0] = True
     first[3, 0] = first[5, 1] = first[9, 2] = True
-    extra = {}
-    if last_action_reward:
-        extra = {
-            "last_action": torch.randint(0, 3, (T, B), generator=g),
-            "last_reward": torch.randn(T, B, generator=g) * 3,
-        }
-    whole = model(obs, first, None, **extra)
-    a = model(obs[:5], first[:5], None, **{k: v[:5] for k, v in extra.items()})
-    b = model(obs[5:], first[5:], a.core_state, **{k: v[5:] for k, v in extra.items()})
-    torch.testing.assert_close(torch.cat([logits_of(a), logits_of(b)]), logits_of(whole))
-    torch.testing.assert_close(torch.cat([a.value, b.value]), whole.value)
-    torch.testing.assert_close(b.core_state[0], whole.core_state[0])
-    torch.testing.assert_close(b.core_state[1], whole.core_state[1])
-    # and step by step (the actor's way) gives the same again
+    extra = None
+    if last_action_reward:  # zero at an episode start, as the actors store it
+        extra = model.last_inputs(
+            0, torch.randint(0, 3, (T, B), generator=g), torch.randn(T, B, generator=g) * 3
+        ).masked_fill(first.unsqueeze(-1), 0.0)
+
+    def cut(x, rows):
+        return None if x is None else x[rows]
+
+    whole = sequence(model, obs, first, None, extra)
+    a = sequence(model, obs[:5], first[:5], None, cut(extra, slice(None, 5)))
+    b = sequence(model, obs[5:], first[5:], a[2], cut(extra, slice(5, None)))
+    torch.testing.assert_close(torch.cat([a[0], b[0]]), whole[0])
+    torch.testing.assert_close(torch.cat([a[1], b[1]]), whole[1])
+    torch.testing.assert_close(b[2][0], whole[2][0])
+    torch.testing.assert_close(b[2][1], whole[2][1])
+    # and step by step (the actor's way) gives the same again, the state after it too
     state = None
     for t in range(T):
-        dist, state = model.act(obs[t], first[t], state, *(extra[k][t] for k in extra))
-        torch.testing.assert_close(dist.logits, logits_of(whole)[t])
+        dist, state = model.act(0, obs[t], None, first[t], state, cut(extra, t))
+        torch.testing.assert_close(dist.logits, whole[0][t])
+    torch.testing.assert_close(state[0], whole[2][0])
+    torch.testing.assert_close(state[1], whole[2][1])
 
 
 def test_the_state_resets_where_first_is_true():
@@ -89,32 +100,80 @@ def test_the_state_resets_where_first_is_true():
     first = torch.zeros(T, B, dtype=torch.bool)
     first[2, 0] = True
     state = (torch.randn(1, B, H), torch.randn(1, B, H))  # some carried-over state
-    out = model(obs, first, state)
+    logits, value, _ = sequence(model, obs, first, state)
     # column 0 from step 2 on is what a fresh episode (zero state) gives
-    fresh = model(obs[2:, :1], None, None)
-    torch.testing.assert_close(logits_of(out)[2:, 0], logits_of(fresh)[:, 0])
-    torch.testing.assert_close(out.value[2:, 0], fresh.value[:, 0])
+    fresh_logits, fresh_value, _ = sequence(model, obs[2:, :1], None, None)
+    torch.testing.assert_close(logits[2:, 0], fresh_logits[:, 0])
+    torch.testing.assert_close(value[2:, 0], fresh_value[:, 0])
     # before the reset, and in column 1 (no reset), the carried state matters
-    zero = model(obs, first, None)
-    assert not torch.allclose(logits_of(out)[:2, 0], logits_of(zero)[:2, 0])
-    assert not torch.allclose(logits_of(out)[:, 1], logits_of(zero)[:, 1])
+    zero = sequence(model, obs, first, None)[0]
+    assert not torch.allclose(logits[:2, 0], zero[:2, 0])
+    assert not torch.allclose(logits[:, 1], zero[:, 1])
     # first[0] resets the carried state too
     first[0] = True
-    torch.testing.assert_close(logits_of(model(obs, first, state)), logits_of(zero))
+    torch.testing.assert_close(sequence(model, obs, first, state)[0], zero)
+    # and so does first at a single acting step
+    dist, _ = model.act(0, obs[0], None, first[0], state)
+    torch.testing.assert_close(dist.logits, zero[0])
 
 
-def test_last_action_and_reward_are_ignored_at_an_episode_start():
+def test_last_inputs_are_the_action_and_the_raw_reward_which_the_model_clips():
+    """``last_inputs`` is the one-hot action and the reward as given; the model clips the
+    reward to [-1, 1] where it reads it, and a model that reads them needs them."""
     model = ActorCritic(OBS, spaces.Discrete(3), (16,), use_last_action_reward=True)
     obs = torch.randn(5, 4)
-    first = torch.tensor([True, True, False, False, False])
     action = torch.tensor([2, 1, 2, 1, 0])
-    a, _ = model.act(obs, first, None, action, torch.tensor([5.0, -1, 1, 1, 1]))
-    b, _ = model.act(obs, first, None, torch.zeros(5, dtype=torch.long), torch.zeros(5))
-    torch.testing.assert_close(a.logits[:2], b.logits[:2])
-    assert not torch.allclose(a.logits[2:], b.logits[2:])
-    # the reward is clipped to [-1, 1]
-    c, _ = model.act(obs, first, None, action, torch.tensor([5.0, -1, 7.0, 1, 1]))
-    torch.testing.assert_close(a.logits, c.logits)
+    extra = model.last_inputs(0, action, torch.tensor([5.0, -1, 0.5, 1, -7]))
+    assert extra.shape == (5, model.extra_features) == (5, 4)
+    torch.testing.assert_close(extra[:, :3], torch.nn.functional.one_hot(action, 3).float())
+    torch.testing.assert_close(extra[:, 3], torch.tensor([5.0, -1, 0.5, 1, -7]))
+    clipped = model.last_inputs(0, action, torch.tensor([1.0, -1, 0.5, 1, -1]))
+
+    def logits(extra: torch.Tensor) -> torch.Tensor:
+        return model.policy(0, obs, None, extra).logits
+
+    torch.testing.assert_close(logits(extra), logits(clipped))
+    torch.testing.assert_close(model.value(0, obs, extra), model.value(0, obs, clipped))
+    # the inputs matter: another action, or a reward inside [-1, 1], changes the outputs
+    other = model.last_inputs(0, torch.tensor([0, 1, 2, 1, 0]), torch.tensor([1.0, -1, 0, 1, -1]))
+    changed = ~torch.isclose(logits(other), logits(clipped)).all(-1)
+    assert changed.tolist() == [True, False, True, False, False]
+    with pytest.raises(ValueError, match="last inputs"):
+        model.policy(0, obs)
+
+
+def test_the_policy_zeroes_the_last_inputs_at_an_episode_start():
+    """The model reads ``extra`` as given; ``Policy.act`` passes zeros (and ``first``) at an
+    episode's first decision, after ``reset``, and the previous action with the reward
+    after it otherwise."""
+    model = lstm_model(spaces.Discrete(2), use_last_action_reward=True)
+    policy = Policy(model, EnvFactory("CartPole-v1"), load_config("cartpole"))
+    calls = []
+    model_act = model.act
+
+    def spy(step_key, obs, mask, first, core_state, extra):
+        calls.append((first.clone(), [s.clone() for s in core_state], extra.clone()))
+        return model_act(step_key, obs, mask, first, core_state, extra)
+
+    model.act = spy
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    zero = torch.zeros(1, model.extra_features)
+    for episode in range(2):
+        policy.reset()
+        action = policy.act(obs, last_reward=5.0)
+        first, state, extra = calls[-1]
+        assert first.tolist() == [True] and torch.equal(extra, zero)
+        if episode:  # the state from the last episode is not carried over
+            assert all(not s.any() for s in state)
+        obs, _, _, _, _ = env.step(action)
+        second = policy.act(obs, last_reward=2.0)
+        first, state, extra = calls[-1]
+        expected = model.last_inputs(0, torch.tensor([int(action)]), torch.tensor([2.0]))
+        assert first.tolist() == [False] and torch.equal(extra, expected)
+        assert any(s.any() for s in state)  # the state after the first decision
+        obs, _, _, _, _ = env.step(second)
+    assert len(calls) == 4
 
 
 @pytest.mark.parametrize(
@@ -125,16 +184,16 @@ def test_last_action_and_reward_are_ignored_at_an_episode_start():
 def test_gradients_reach_the_core_and_every_parameter(action_space):
     model = lstm_model(action_space, use_last_action_reward=True)
     T, B = 5, 3
-    head = model.action_head
-    out = model(
-        torch.randn(T, B, 4),
-        torch.zeros(T, B, dtype=torch.bool),
-        None,
-        torch.zeros((T, B, *head.action_shape), dtype=head.action_dtype),
-        torch.ones(T, B),
+    head = model.action_head(0)
+    extra = model.last_inputs(
+        0, torch.zeros((T, B, *head.action_shape), dtype=head.action_dtype), torch.ones(T, B)
     )
-    a = out.dist.sample()
-    (-out.dist.log_prob(a).mean() + out.value.pow(2).mean()).backward()
+    y, _ = model.core(
+        model.encode(0, torch.randn(T, B, 4), extra), torch.zeros(T, B, dtype=torch.bool), None
+    )
+    dist, value = model.heads(0, y)
+    a = dist.sample()
+    (-dist.log_prob(a).mean() + value.pow(2).mean()).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
     assert {id(p) for p in model.core.parameters()} <= {id(p) for p in model.policy_parameters()}
@@ -144,7 +203,13 @@ def test_gradients_reach_the_core_and_every_parameter(action_space):
 def test_a_core_needs_time_major_observations_and_a_shared_torso():
     model = lstm_model()
     with pytest.raises(ValueError, match=r"time-major"):
-        model(torch.randn(3, 4))
+        model.core(model.encode(0, torch.randn(3, 4)), None, None)
+    # a core reads an agent's decisions in order: no policy over a bare batch of observations
+    for method in (model.policy, model.policy_value):
+        with pytest.raises(ValueError, match=r"core"):
+            method(0, torch.randn(3, 4))
+    with pytest.raises(ValueError, match=r"core_state"):
+        model.value(0, torch.randn(3, 4))
     with pytest.raises(ValueError, match="shared_torso"):
         ActorCritic(OBS, spaces.Discrete(2), core="lstm", shared_torso=False)
     with pytest.raises(ConfigError, match="model.shared_torso"):
@@ -156,11 +221,11 @@ def test_a_core_needs_time_major_observations_and_a_shared_torso():
 def test_plain_models_keep_the_plain_slot():
     model = ActorCritic(OBS, spaces.Discrete(2), (8,))
     spec = rollout_spec_for(model, OBS, 4, 2)
-    assert not {"core_h", "core_c", "last_action", "last_reward"} & set(spec.field_shapes())
+    assert not {"core_h", "core_c", "last_inputs"} & set(spec.field_shapes())
     spec = rollout_spec_for(lstm_model(use_last_action_reward=True), OBS, 4, 2)
     shapes = spec.field_shapes()
     assert shapes["core_h"][0] == shapes["core_c"][0] == (1, 2, H)
-    assert shapes["last_action"][0] == (5, 2) and shapes["last_reward"][0] == (5, 2)
+    assert shapes["last_inputs"] == ((5, 2, 3 + 1), torch.float32)  # one-hot action, reward
 
 
 # -- the actor loop and the learner's replay ------------------------------------------------------
@@ -170,15 +235,13 @@ def _check_replay(model: ActorCritic, slot: dict[str, torch.Tensor]) -> None:
     """The learner's forward over the stored unroll ``[T+1, N]`` reproduces the actor's
     log-probs."""
     with torch.no_grad():
-        out = model(slot["obs"], **model_inputs(model, slot))
-    torch.testing.assert_close(
-        out.dist.log_prob(slot["action"])[:-1], slot["behaviour_log_prob"], atol=1e-5, rtol=1e-5
-    )
+        out = forward_batch(model, slot)
+    torch.testing.assert_close(out.log_prob[:-1], slot["behaviour_log_prob"], atol=1e-5, rtol=1e-5)
 
 
 def _first_steps(slot: dict[str, torch.Tensor], T: int) -> dict[str, torch.Tensor]:
     """The slot without its bootstrap step: the ``[T+1]`` fields cut to ``[T]``."""
-    cut = ("obs", "first", "last_action", "last_reward")
+    cut = ("obs", "first", "last_inputs")
     return {k: v[:T] if k in cut else v for k, v in slot.items()}
 
 
@@ -211,19 +274,26 @@ def test_actor_loop_stores_what_the_learner_needs_to_replay_each_unroll(core, la
         if core == "lstm":
             steps = _first_steps(prev, T)
             with torch.no_grad():
-                out = model(steps["obs"], **model_inputs(model, steps))
-            torch.testing.assert_close(slot["core_h"], out.core_state[0])
-            torch.testing.assert_close(slot["core_c"], out.core_state[1])
+                _, _, state = sequence(
+                    model,
+                    steps["obs"],
+                    steps["first"],
+                    (prev["core_h"], prev["core_c"]),
+                    steps.get("last_inputs"),
+                )
+            torch.testing.assert_close(slot["core_h"], state[0])
+            torch.testing.assert_close(slot["core_c"], state[1])
             assert slot["core_h"].abs().sum() > 0
         if last_action_reward:
-            assert torch.equal(slot["last_action"][0], prev["last_action"][T])
+            assert torch.equal(slot["last_inputs"][0], prev["last_inputs"][T])
             first = slot["first"]
-            assert (slot["last_action"][first] == 0).all()
-            assert (slot["last_reward"][first] == 0).all()
+            assert (slot["last_inputs"][first] == 0).all()  # the actor zeroes them at a start
             cont = ~first[1:]
-            assert torch.equal(slot["last_action"][1:][cont], slot["action"][:-1][cont])
-            assert torch.equal(slot["last_reward"][1:][cont], slot["reward"][cont])
+            expected = model.last_inputs(0, slot["action"][:-1], slot["reward"])
+            assert torch.equal(slot["last_inputs"][1:][cont], expected[cont])
     _check_replay(model, slots[0])
+    if last_action_reward:  # every env starts an episode at the first unroll's first step
+        assert slots[0]["first"][0].all() and not slots[0]["last_inputs"][0].any()
 
 
 # -- the backends --------------------------------------------------------------------------------
@@ -267,7 +337,7 @@ def test_backends_deliver_the_core_state_and_last_inputs(backend):
         batches = [{k: v.clone() for k, v in b.items()} for b in batches]
     assert any(bool(b["core_h"].abs().sum() > 0) for b in batches), "all unrolls started fresh"
     for batch in batches:
-        assert batch["core_h"].shape == (1, 4, H) and batch["last_action"].shape == (17, 4)
+        assert batch["core_h"].shape == (1, 4, H) and batch["last_inputs"].shape == (17, 4, 3)
         _check_replay(model, batch)
 
 
@@ -281,18 +351,16 @@ def test_evaluation_carries_the_state_like_the_actor():
     result = evaluate(model, factory, n_episodes=1, deterministic=True, seed=3)
     env = factory()
     obs, _ = env.reset(seed=3)
-    state, first = None, torch.ones(1, dtype=torch.bool)
-    last_action, last_reward = torch.zeros(1, dtype=torch.long), torch.zeros(1)
+    state, first = model.initial_state(1), torch.ones(1, dtype=torch.bool)
+    extra = torch.zeros(1, model.extra_features)  # zero at the episode's first decision
     total, done = 0.0, False
     with torch.no_grad():
         while not done:
-            dist, state = model.act(
-                torch.as_tensor(obs)[None], first, state, last_action, last_reward
-            )
-            last_action = dist.mode()
-            obs, reward, term, trunc, _ = env.step(int(last_action))
+            dist, state = model.act(0, torch.as_tensor(obs)[None], None, first, state, extra)
+            action = dist.mode()
+            obs, reward, term, trunc, _ = env.step(int(action))
             total += reward
-            last_reward = torch.tensor([reward], dtype=torch.float32)
+            extra = model.last_inputs(0, action, torch.tensor([reward], dtype=torch.float32))
             first = torch.zeros(1, dtype=torch.bool)
             done = term or trunc
     assert result.returns == [total]
@@ -362,9 +430,18 @@ def test_truncation_value_continues_the_core_from_the_truncated_step(last_action
     for episode, t in enumerate(ends):
         steps = _first_steps(slot, t + 1)  # the unroll up to and including the cut step
         with torch.no_grad():
-            state = model(steps["obs"], **model_inputs(model, steps)).core_state
+            _, _, state = sequence(
+                model,
+                steps["obs"],
+                steps["first"],
+                (slot["core_h"], slot["core_c"]),
+                steps.get("last_inputs"),
+            )
             final = torch.tensor([[3.0, float(episode)]] * N)  # the scripted env's last obs
-            expected = model.value(final, state, slot["action"][t], slot["reward"][t])
-            fresh = model.value(final, None, slot["action"][t], slot["reward"][t])
+            extra = None
+            if last_action_reward:  # the cut step's action and reward, not zeroed
+                extra = model.last_inputs(0, slot["action"][t], slot["reward"][t])
+            expected = model.value(0, final, extra, state)
+            fresh = model.value(0, final, extra, model.initial_state(N))
         torch.testing.assert_close(slot["truncation_value"][t], expected)
         assert not torch.allclose(expected, fresh)
