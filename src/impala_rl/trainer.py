@@ -14,6 +14,7 @@ import random
 import signal
 import time
 from collections import deque
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from impala_rl import checkpoint
-from impala_rl.actors import make_actors
+from impala_rl.actors import CollectedOutputs, DistributedActors, make_actors
 from impala_rl.config import ConfigError, RunConfig, to_dict, to_yaml
 from impala_rl.envs import EnvFactory, make_env_factory
 from impala_rl.evaluation import (
@@ -35,6 +36,7 @@ from impala_rl.events import ImpalaEvents, RunEvents
 from impala_rl.learner import (
     Learner,
     NonFiniteError,
+    UpdateStats,
     load_optimizer_state,
     scheduled_entropy_coef,
     scheduled_lr,
@@ -94,7 +96,7 @@ def default_run_dir(cfg: RunConfig) -> Path:
 
 
 @contextmanager
-def _stop_on_signals(flag: dict[str, bool]):
+def _stop_on_signals(flag: dict[str, bool]) -> Iterator[None]:
     """First Ctrl-C / SIGTERM asks the loop to stop after the current update; a second aborts."""
 
     def handler(signum: int, frame: Any) -> None:
@@ -172,7 +174,7 @@ class Trainer:
         self.impala_events = self.recorder.interface(ImpalaEvents)
         self.run_events = self.recorder.interface(RunEvents)
         self.aggregator = EpochStatsAggregator(self.recorder)
-        self.writers: list[Any] = []
+        self.writers: list[ConsoleWriter | JsonlWriter | TensorBoardWriter | WandbWriter] = []
         if cfg.log.wandb:  # first: a missing wandb fails before any file is opened
             self.writers.append(WandbWriter(cfg.log.wandb_project, self.run_dir, to_dict(cfg)))
         if cfg.log.jsonl:
@@ -269,7 +271,7 @@ class Trainer:
         self.recent_returns: deque[float] = deque(self._restored_recent_returns, maxlen=100)
         self._start_wall = time.perf_counter() - c.wall_time_s
         self._follow_schedules()
-        self.evaluator = None
+        self.evaluator: BackgroundEvaluator | None = None
         self._background_epoch = -1  # the epoch whose weights were last sent to be evaluated
         self._last_epoch_stats: dict[str, float] = {}
         if cfg.algorithm.rollout_evaluator.background:
@@ -304,7 +306,7 @@ class Trainer:
             raise error
         return summary
 
-    def _run_epoch(self, actors: Any) -> str | None:
+    def _run_epoch(self, actors: DistributedActors) -> str | None:
         """``epoch_length`` updates, then evaluation and statistics; returns a stop reason."""
         c = self.counters
         c.epoch += 1
@@ -323,14 +325,16 @@ class Trainer:
         reason = self._end_epoch(actors, epoch_start, epoch_steps)
         return stopped_because or reason or self._budget_or_signal_stop(signal_only=True)
 
-    def _update(self, actors: Any, train_policy: bool, epoch_start: float, epoch_steps: int) -> int:
+    def _update(
+        self, actors: DistributedActors, train_policy: bool, epoch_start: float, epoch_steps: int
+    ) -> int:
         """Collect a batch, update, broadcast, record; returns the env steps it consumed."""
         cfg, c = self.cfg, self.counters
         t0 = time.perf_counter()
         collected = actors.collect_outputs(self.device)
         t_collected = time.perf_counter()
         with self._one_step():
-            passes = []
+            passes: list[UpdateStats] = []
             # Sample reuse: each pass recomputes V-trace against the current weights, and each
             # is broadcast, so versions (and policy lag) keep counting optimizer steps.
             for n in range(cfg.algorithm.num_passes):
@@ -362,7 +366,7 @@ class Trainer:
         return collected.env_steps
 
     @contextmanager
-    def _one_step(self):
+    def _one_step(self) -> Iterator[None]:
         """The optimizer step and the counters move together: a second Ctrl-C landing in
         between is held until both have moved, so the final checkpoint is never torn."""
         flag = self._stop_flag
@@ -390,7 +394,11 @@ class Trainer:
             log.warning("could not write the final checkpoint: %s", exc)
 
     def _record_update(
-        self, stats: Any, collected: Any, collect_time: float, total_time: float
+        self,
+        stats: UpdateStats,
+        collected: CollectedOutputs,
+        collect_time: float,
+        total_time: float,
     ) -> None:
         self._record_learner(stats)
         ev = self.impala_events
@@ -412,7 +420,7 @@ class Trainer:
         self.learner.set_learning_rate(scheduled_lr(alg, steps, horizon))
         self.learner.entropy_coef = scheduled_entropy_coef(alg, steps, horizon)
 
-    def _record_learner(self, stats: Any) -> None:
+    def _record_learner(self, stats: UpdateStats) -> None:
         """One optimizer step's events (one per pass over a batch)."""
         ev = self.impala_events
         for key, value in stats.policy_loss.items():
@@ -445,7 +453,9 @@ class Trainer:
             max_episode_steps=ev_cfg.max_episode_steps,
         )
 
-    def _end_epoch(self, actors: Any, epoch_start: float, epoch_steps: int) -> str | None:
+    def _end_epoch(
+        self, actors: DistributedActors, epoch_start: float, epoch_steps: int
+    ) -> str | None:
         """Evaluate, select the best model, write statistics; returns a stop reason or None.
 
         In the background the result of an earlier epoch's snapshot may arrive (or none), and a
@@ -518,7 +528,9 @@ class Trainer:
         for writer in self.writers:
             writer.on_epoch(self.counters.epoch, self.counters.env_steps, stats)
 
-    def _write_epoch_stats(self, actors: Any, epoch_start: float, epoch_steps: int) -> None:
+    def _write_epoch_stats(
+        self, actors: DistributedActors, epoch_start: float, epoch_steps: int
+    ) -> None:
         c = self.counters
         actor_stats = actors.get_epoch_stats_aggregator().reduce()
         c.episodes += int(actor_stats.get("episode_return/count", 0))
