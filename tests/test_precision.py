@@ -37,6 +37,18 @@ def _obs(space: gym.Space, T: int = 5, B: int = 3) -> torch.Tensor:
     return torch.randn(T, B, *space.shape, generator=g)
 
 
+def _outputs(model: ActorCritic, obs: torch.Tensor):
+    """Logits and values over a time-major batch ``[T, B]``, and the core state after it (a
+    core: the encoder, the core along the columns, the heads; else ``None``)."""
+    if model.core is None:
+        dist, value = model.policy_value(0, obs)
+        return dist.logits, value, None
+    first = torch.zeros(obs.shape[:2], dtype=torch.bool)
+    y, state = model.core(model.encode(0, obs), first, None)
+    dist, value = model.heads(0, y)
+    return dist.logits, value, state
+
+
 def test_precision_and_core_are_validated_with_the_valid_values():
     with pytest.raises(ConfigError, match=r"model.precision.*'fp16'.*fp32 \| bf16"):
         load_config("cartpole", ["model.precision=fp16"])
@@ -51,17 +63,42 @@ def test_precision_and_core_are_validated_with_the_valid_values():
 def test_bf16_autocast_keeps_fp32_weights_and_outputs_close_to_fp32(space, core):
     ref, bf16 = _pair(space, core, precision="bf16")
     obs = _obs(space)
-    inputs = {"first": torch.zeros(obs.shape[:2], dtype=torch.bool)} if core == "lstm" else {}
     with torch.no_grad():
-        a, b = ref(obs, **inputs), bf16(obs, **inputs)
-    assert b.value.dtype == torch.float32 and b.dist.logits.dtype == torch.float32
+        a_logits, a_value, _ = _outputs(ref, obs)
+        b_logits, b_value, b_state = _outputs(bf16, obs)
+    assert b_value.dtype == torch.float32 and b_logits.dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in bf16.parameters())
     if core == "lstm":
-        assert b.core_state[0].dtype == torch.float32
+        assert b_state[0].dtype == b_state[1].dtype == torch.float32
     # bf16 keeps ~3 significant digits: close, not equal
-    torch.testing.assert_close(b.dist.logits, a.dist.logits, atol=0.05, rtol=0.05)
-    torch.testing.assert_close(b.value, a.value, atol=0.05, rtol=0.05)
-    assert not torch.equal(b.value, a.value)
+    torch.testing.assert_close(b_logits, a_logits, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(b_value, a_value, atol=0.05, rtol=0.05)
+    assert not torch.equal(b_value, a_value)
+    # one acting step gives the first row of the sequence, its state in float32
+    with torch.no_grad():
+        first = torch.ones(obs.shape[1], dtype=torch.bool)
+        dist, state = bf16.act(0, obs[0], None, first, bf16.initial_state(obs.shape[1]))
+    assert dist.logits.dtype == torch.float32
+    torch.testing.assert_close(dist.logits, b_logits[0])
+    if core == "lstm":
+        assert state[0].dtype == state[1].dtype == torch.float32
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="since 856dce1 ActorCritic runs its LSTM core outside bf16 autocast (encode() "
+    "returns float32 and learner.forward_batch, act() and value() call model.core outside "
+    "any autocast), while model.precision is documented as bf16 autocast for the torso and core",
+)
+def test_bf16_runs_the_core_under_autocast():
+    _, bf16 = _pair(VECTOR, "lstm", precision="bf16")
+    seen = []
+    bf16.core.lstm.register_forward_hook(lambda module, args, out: seen.append(out[0].dtype))
+    obs = _obs(VECTOR)
+    with torch.no_grad():
+        _outputs(bf16, obs)
+        bf16.act(0, obs[0], None, None, bf16.initial_state(obs.shape[1]))
+    assert seen == [torch.bfloat16, torch.bfloat16]
 
 
 def test_a_bf16_learner_update_trains_fp32_weights():
@@ -92,7 +129,10 @@ def test_channels_last_gives_the_same_outputs_and_survives_weight_transfer():
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
     obs = _obs(FRAMES)
     with torch.no_grad():
-        torch.testing.assert_close(cl(obs).dist.logits, ref(obs).dist.logits, **NCHW_VS_NHWC)
+        torch.testing.assert_close(
+            cl.policy(0, obs).logits, ref.policy(0, obs).logits, **NCHW_VS_NHWC
+        )
+        torch.testing.assert_close(cl.value(0, obs), ref.value(0, obs), **NCHW_VS_NHWC)
     # the subprocess backend's flat weight buffer: publish from one layout, read into the other
     shared = SharedWeights(cl.state_dict())
     with torch.no_grad():
@@ -102,4 +142,6 @@ def test_channels_last_gives_the_same_outputs_and_survives_weight_transfer():
     assert shared.read_into(cl, 0) == 1
     assert cl.policy_torso.convs[0].weight.is_contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
-        torch.testing.assert_close(cl(obs).dist.logits, ref(obs).dist.logits, **NCHW_VS_NHWC)
+        torch.testing.assert_close(
+            cl.policy(0, obs).logits, ref.policy(0, obs).logits, **NCHW_VS_NHWC
+        )
