@@ -82,7 +82,7 @@ def main() -> None:
             learner = Learner(model, ImpalaAlgorithmConfig(optimizer="rmsprop"))
             update = median_time(lambda learner=learner: learner.update(batch), args.repeats)
             with torch.inference_mode():
-                act = median_time(lambda m=model: m.policy(act_obs).sample(), 20 * args.repeats)
+                act = median_time(lambda m=model: m.policy(0, act_obs).sample(), 20 * args.repeats)
             print(
                 f"  {precision} channels_last={str(channels_last).lower():5}  "
                 f"update {update * 1e3:8.1f} ms   act {act * 1e3:6.2f} ms"
