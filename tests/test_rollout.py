@@ -140,7 +140,7 @@ def test_slot_shapes_dtypes_and_behaviour_log_probs():
     assert set(slot["action"].unique().tolist()) <= {0, 1}
     # behaviour_log_prob is log mu(a_t | x_t) of the acting model on the stored observations
     with torch.no_grad():
-        expected = model(slot["obs"][:T]).dist.log_prob(slot["action"][:T])
+        expected = model.policy(0, slot["obs"][:T]).log_prob(slot["action"][:T])
     torch.testing.assert_close(slot["behaviour_log_prob"], expected)
     loop.close()
 
@@ -204,12 +204,12 @@ def test_truncation_stores_the_value_of_the_true_final_observation():
             final = torch.tensor([exp["final_obs"][t]] * N)  # e.g. [4, ep]: never in obs
             assert final[0, 0].item() == limit
             with torch.no_grad():
-                expected_value = model.value(final)
+                expected_value = model.value(0, final)
             torch.testing.assert_close(slot["truncation_value"][t], expected_value)
             assert (slot["truncation_value"][t] != 0).all()
             # and it is not the value of the stored (post-reset) next observation
             with torch.no_grad():
-                reset_value = model.value(slot["obs"][t + 1])
+                reset_value = model.value(0, slot["obs"][t + 1])
             assert not torch.allclose(slot["truncation_value"][t], reset_value)
             assert slot["obs"][t + 1, :, 0].tolist() == [0.0] * N
         else:
@@ -322,7 +322,7 @@ def test_learner_discounts_and_rewards_at_episode_ends(monkeypatch):
             # (b) truncated columns: reward + gamma * V(true final obs [3, ep])
             ep = ends.index(t)
             with torch.no_grad():
-                v_final = model.value(torch.tensor([[3.0, ep]] * 2))
+                v_final = model.value(0, torch.tensor([[3.0, ep]] * 2))
             torch.testing.assert_close(rewards[t, 2:], 1.0 + GAMMA * v_final)
         else:
             assert rewards[t, 2:].tolist() == [1.0, 1.0]
@@ -477,7 +477,8 @@ def test_policy_version_follows_broadcasts():
                 assert torch.equal(v, new_state[k]), k
         # the batch was produced by the new weights
         with torch.no_grad():
-            expected = actors.actors[0].model(batch["obs"][:5]).dist.log_prob(batch["action"][:5])
+            acting = actors.actors[0].model
+            expected = acting.policy(0, batch["obs"][:5]).log_prob(batch["action"][:5])
         torch.testing.assert_close(batch["behaviour_log_prob"], expected)
 
 

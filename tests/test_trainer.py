@@ -193,9 +193,9 @@ def test_critic_burn_in_freezes_the_policy_for_its_epochs(tmp_path, initial_weig
     trainer = _burn_in_trainer(tmp_path / "one", n_epochs=1)
     model, initial = trainer.learner.model, initial_weights[0]
     assert not model.shared_torso
-    # The policy (torso and action head) is bit-for-bit untouched by three updates...
+    # The policy (torso and action head, policy_head) is bit-for-bit untouched by three updates...
     assert not any(_changed(model, "policy_torso.", initial))
-    assert not any(_changed(model, "action_head.", initial))
+    assert not any(_changed(model, "policy_head.", initial))
     # ...while the critic learned.
     assert all(_changed(model, "value_head.", initial))
     assert all(_changed(model, "value_torso.", initial))
@@ -204,14 +204,14 @@ def test_critic_burn_in_freezes_the_policy_for_its_epochs(tmp_path, initial_weig
     trainer = _burn_in_trainer(tmp_path / "two", n_epochs=2)
     model, initial = trainer.learner.model, initial_weights[1]
     assert all(_changed(model, "policy_torso.", initial))
-    assert all(_changed(model, "action_head.", initial))
+    assert all(_changed(model, "policy_head.", initial))
 
 
 def test_without_burn_in_the_policy_trains_in_epoch_one(tmp_path, initial_weights):
     cfg = load_config("cartpole", [*FAST, "algorithm.n_epochs=1", "algorithm.epoch_length=3"])
     trainer = Trainer(cfg, run_dir=tmp_path)
     trainer.train()
-    assert all(_changed(trainer.learner.model, "action_head.", initial_weights[0]))
+    assert all(_changed(trainer.learner.model, "policy_head.", initial_weights[0]))
 
 
 # -- resume --------------------------------------------------------------------------------------
