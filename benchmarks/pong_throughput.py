@@ -4,10 +4,11 @@ Prints
 
 1. the per-step costs, each timed alone on one thread: a preprocessed Pong env step (frame
    skip 4) in one actor's vector env of 8 (ale-py's C++ one with the preset's
-   ``env.kwargs.vector=ale``), acting (the Nature CNN's policy forward per observation, at
-   the batch of one actor's envs) and learning (forward, backward and RMSProp per sample at
-   the preset's unroll x batch, 80 x 8), times ``algorithm.num_passes`` (each pass over a
-   batch is a full update);
+   ``env.kwargs.vector=ale``), acting (one decision as the actor loop makes it,
+   ``impala_rl.nn.act``: the Nature CNN's policy forward, a sample and its log-probability,
+   per observation, at the batch of one actor's envs) and learning (forward, backward and
+   RMSProp per sample at the preset's unroll x batch, 80 x 8), times
+   ``algorithm.num_passes`` (each pass over a batch is a full update);
 2. the compute bound: 2 cores / (env + acting + learning per step);
 3. the training rate of the ``pong`` preset (one actor of 8 envs, unroll 80, batch 8) and its
    ratio to the bound, in one of two ways:
@@ -46,6 +47,7 @@ from impala_rl.config import load_config
 from impala_rl.envs import EnvFactory, make_vector_env
 from impala_rl.learner import Learner
 from impala_rl.malloc import keep_freed_memory
+from impala_rl.nn import act
 from impala_rl.nn.factory import build_model
 from impala_rl.plot import load_metrics
 
@@ -76,11 +78,11 @@ def per_step_costs(overrides: list[str]) -> dict[str, float]:
     model = build_model(cfg.model, env.observation_space, env.action_space)
     obs = torch.randint(0, 256, (n, *env.observation_space.shape), dtype=torch.uint8)
 
-    def act() -> None:
+    def decide() -> None:
         with torch.inference_mode():
-            model.policy(obs).sample()
+            act(model, 0, obs)
 
-    act_s = median_time(act, 20) / n
+    act_s = median_time(decide, 20) / n
     T = cfg.algorithm.n_rollout_steps
     B = cfg.algorithm.envs_per_actor * cfg.algorithm.actors_batch_size
     learner = Learner(model, cfg.algorithm)
