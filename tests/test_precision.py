@@ -84,12 +84,6 @@ def test_bf16_autocast_keeps_fp32_weights_and_outputs_close_to_fp32(space, core)
         assert state[0].dtype == state[1].dtype == torch.float32
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="since 856dce1 ActorCritic runs its LSTM core outside bf16 autocast (encode() "
-    "returns float32 and learner.forward_batch, act() and value() call model.core outside "
-    "any autocast), while model.precision is documented as bf16 autocast for the torso and core",
-)
 def test_bf16_runs_the_core_under_autocast():
     _, bf16 = _pair(VECTOR, "lstm", precision="bf16")
     seen = []

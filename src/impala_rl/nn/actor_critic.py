@@ -137,7 +137,7 @@ class ActorCritic(nn.Module):
         features = self.policy_torso.out_features + self.extra_features
         self.core: LSTMCore | None = None
         if core == "lstm":
-            self.core = LSTMCore(features, lstm_hidden_size)
+            self.core = LSTMCore(features, lstm_hidden_size, precision)
             features = self.core.out_features
         value_in = features
         if self.value_torso is not None:

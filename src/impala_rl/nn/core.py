@@ -28,8 +28,9 @@ class LSTMCore(nn.Module):
     step) and much faster than a Python loop over every step.
     """
 
-    def __init__(self, in_features: int, hidden_size: int) -> None:
+    def __init__(self, in_features: int, hidden_size: int, precision: str = "fp32") -> None:
         super().__init__()
+        self.precision = precision  # bf16: runs under bf16 autocast, returns float32
         if hidden_size < 1:
             raise ValueError(f"lstm hidden size must be >= 1, got {hidden_size}")
         self.in_features = int(in_features)
@@ -52,7 +53,16 @@ class LSTMCore(nn.Module):
     ) -> tuple[Tensor, CoreState]:
         """``x [T, B, in]``, ``first [T, B]`` (``None``: no episode starts), ``state`` the state
         before step 0 (``None``: zeros). Returns ``y [T, B, H]`` and the state after step
-        ``T - 1``."""
+        ``T - 1``, float32 whatever the precision."""
+        if self.precision != "bf16":
+            return self._run(x, first, state)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            y, (h, c) = self._run(x, first, state)
+        return y.float(), (h.float(), c.float())
+
+    def _run(
+        self, x: Tensor, first: Tensor | None, state: CoreState | None
+    ) -> tuple[Tensor, CoreState]:
         if x.ndim != 3:
             raise ValueError(f"LSTMCore needs a time-major input [T, B, F], got {tuple(x.shape)}")
         T, B = x.shape[0], x.shape[1]

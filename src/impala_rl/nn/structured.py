@@ -275,7 +275,7 @@ class StructuredActorCritic(nn.Module):
                     f"width, got {widths}"
                 )
             width = next(iter(widths.values())) + self.extra_features
-            self.core = LSTMCore(width, lstm_hidden_size)
+            self.core = LSTMCore(width, lstm_hidden_size, precision)
         if channels_last:
             for module in self.modules():
                 if module is not self and hasattr(module, "use_channels_last"):
