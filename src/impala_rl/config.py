@@ -28,6 +28,7 @@ OPTIMIZERS = ("adam", "rmsprop")
 SCHEDULES = ("constant", "linear")
 BACKENDS = ("sequential", "subprocess", "ray")
 START_METHODS = ("forkserver", "spawn", "fork")
+INFERENCE_PLACES = ("actor", "central")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")
 ENCODERS = ("mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
 CORES = ("none", "lstm")
@@ -231,6 +232,11 @@ class RunnerConfig:
     backend: str = "subprocess"
     """``sequential`` (in-process, deterministic), ``subprocess`` (shared memory, fast) or
     ``ray`` (clusters)."""
+    inference: str = "actor"
+    """Where the policy acts: ``actor`` (each actor process runs its own copy, loaded between
+    unrolls) or ``central`` (actor processes only step envs; one loop in the learner process
+    batches every waiting actor's observations and acts on ``algorithm.device``: for a GPU
+    box; subprocess backend only)."""
     start_method: str = "forkserver"
     """How actor processes start: ``forkserver`` or ``spawn`` (safe), ``fork`` (only when the
     learner process has no threads yet)."""
@@ -541,6 +547,7 @@ RULES: dict[str, Rule] = {
     "model.popart_beta": Rule(lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
     "runner.backend": one_of(BACKENDS),
     "runner.start_method": one_of(START_METHODS),
+    "runner.inference": one_of(INFERENCE_PLACES),
     "runner.max_actor_restarts": at_least(0, integer=True),
     "runner.learner_threads": at_least(1, integer=True, nullable=True),
     "runner.shutdown_timeout_s": above(0),
@@ -614,6 +621,13 @@ def validate(cfg: RunConfig) -> None:
                 "a resource name mapped to a number > 0",
                 amount,
             )
+    if cfg.runner.inference == "central" and cfg.runner.backend != "subprocess":
+        _refuse(
+            "runner.inference",
+            f"actor with runner.backend={cfg.runner.backend} (central inference serves "
+            "subprocess actors)",
+            cfg.runner.inference,
+        )
     a = cfg.algorithm
     check_queue_out_of_sync_factor(a)
     if a.max_policy_lag is not None and a.max_policy_lag < a.num_passes - 1:

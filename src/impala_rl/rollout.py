@@ -61,7 +61,7 @@ import torch
 
 from impala_rl.envs import make_keyed_vector_env
 from impala_rl.envs.structured import SingleKeyVectorEnv
-from impala_rl.nn import Model, act
+from impala_rl.nn import Acted, Model, act
 
 
 def allocate_fields(
@@ -186,6 +186,42 @@ def rollout_spec_for(
     )
 
 
+class LocalActing:
+    """Inference in the actor itself, on its own copy of the policy (loaded between unrolls).
+
+    The actor loop acts through an object like this one: :meth:`act` one decision of a group
+    of agents, :meth:`value` a final observation's value, :meth:`unroll_version` the policy
+    version to stamp on a finished unroll. Central inference
+    (:class:`impala_rl.actors.inference.CentralActing`) has the same three methods.
+    """
+
+    def __init__(self, model: Model, generator: torch.Generator):
+        self.model = model
+        self.generator = generator
+
+    def act(
+        self,
+        step_key: int,
+        obs: torch.Tensor,
+        action_mask: torch.Tensor | None,
+        first: torch.Tensor | None,
+        core_state: Any,
+        extra: torch.Tensor | None,
+    ) -> Acted:
+        return act(
+            self.model, step_key, obs, action_mask, first, core_state, extra, False, self.generator
+        )
+
+    def value(
+        self, step_key: int, obs: torch.Tensor, extra: torch.Tensor | None, core_state: Any
+    ) -> torch.Tensor:
+        return self.model.value(step_key, obs, extra, core_state)
+
+    def unroll_version(self, loaded_version: int) -> int:
+        """The version of the weights this unroll acted with: the ones loaded before it."""
+        return loaded_version
+
+
 @dataclass
 class UnrollResult:
     """What an unroll reports besides the slot contents."""
@@ -278,6 +314,7 @@ class ActorLoop:
         seed: int,
         unroll_length: int,
         actor_index: int = 0,
+        acting: Any = None,
     ):
         self.model = model
         self.model.eval()
@@ -286,6 +323,7 @@ class ActorLoop:
         self.actor_index = actor_index
         self.policy_version = 0
         self.generator = torch.Generator().manual_seed(seed)
+        self.acting = LocalActing(model, self.generator) if acting is None else acting
         self.episodes = EpisodeTracker(num_envs)
         keyed = make_keyed_vector_env(env_factory, num_envs)
         self.structured = not isinstance(keyed, SingleKeyVectorEnv)
@@ -355,7 +393,7 @@ class ActorLoop:
             if with_last:
                 slot["last_inputs"][t] = extra
             first_t = torch.from_numpy(self.first) if state is not None else None
-            acted = act(model, 0, self.obs, None, first_t, state, extra, generator=self.generator)
+            acted = self.acting.act(0, self.obs, None, first_t, state, extra)
             action, state = acted.action, acted.core_state
             action_slot[t] = action
             logp_slot[t] = acted.log_prob
@@ -371,7 +409,7 @@ class ActorLoop:
                 idx = np.flatnonzero(trunc)
                 cols = torch.from_numpy(idx)
                 final = torch.as_tensor(np.stack([info["final_obs"][i] for i in idx]))
-                value = model.value(
+                value = self.acting.value(
                     0,
                     final,
                     None if extra is None else extra[cols],
@@ -397,7 +435,9 @@ class ActorLoop:
             "truncated": truncated,
             "truncation_value": trunc_values,
         }
-        write_staged(slot, staged, self.policy_version, self.actor_index)
+        write_staged(
+            slot, staged, self.acting.unroll_version(self.policy_version), self.actor_index
+        )
         return UnrollResult(returns, lengths, T * N)
 
     def _close(
@@ -424,7 +464,7 @@ class ActorLoop:
         if self.core_state is not None:
             h, c = self.core_state
             state = (h[:, stream : stream + 1], c[:, stream : stream + 1])
-        return float(self.model.value(key, torch.from_numpy(obs).unsqueeze(0), extra, state)[0])
+        return float(self.acting.value(key, torch.from_numpy(obs).unsqueeze(0), extra, state)[0])
 
     def _last_inputs(self, stream: int) -> torch.Tensor:
         """What ``stream``'s next decision reads of its open one (action, reward since), zero
@@ -454,7 +494,7 @@ class ActorLoop:
                 cols = torch.from_numpy(streams)
                 before = (state[0][:, cols], state[1][:, cols])
                 first = torch.from_numpy(self.first[streams])
-            acted = act(model, k, obs, mask, first, before, extra, generator=self.generator)
+            acted = self.acting.act(k, obs, mask, first, before, extra)
             if state is not None:
                 state[0][:, cols], state[1][:, cols] = acted.core_state
             action, env_actions = acted.action, acted.env_action
@@ -555,7 +595,9 @@ class ActorLoop:
         for column in range(C):
             stream = min((q[0].age, s) for s, q in enumerate(self.closed) if len(q) >= T)[1]
             self._write_column(slot, column, stream, staged)
-        write_staged(slot, staged, self.policy_version, self.actor_index)
+        write_staged(
+            slot, staged, self.acting.unroll_version(self.policy_version), self.actor_index
+        )
         return UnrollResult(returns, lengths, (self.substeps - start) * self.num_envs)
 
     def close(self) -> None:

@@ -266,7 +266,9 @@ class Trainer:
         self._stop_flag = {"stop": False, "in_step": False, "abort": False}
         stopped_because: str | None = None
         error: BaseException | None = None
-        actors = make_actors(cfg, self.env_factory, self.learner.model, seed=self._actor_seed())
+        actors = make_actors(
+            cfg, self.env_factory, self.learner.model, self._actor_seed(), self.device
+        )
         actors.policy_version = self.learner.num_updates
         self.recent_returns: deque[float] = deque(self._restored_recent_returns, maxlen=100)
         self._start_wall = time.perf_counter() - c.wall_time_s

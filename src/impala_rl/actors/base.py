@@ -15,7 +15,7 @@ import torch
 
 from impala_rl.config import ImpalaAlgorithmConfig, check_queue_out_of_sync_factor
 from impala_rl.events import ActorEvents
-from impala_rl.nn import ActorCritic
+from impala_rl.nn import Model
 from impala_rl.rollout import RolloutSpec, UnrollResult, rollout_spec_for
 from impala_rl.stats import EPOCH, EpochStatsAggregator, EventRecorder
 
@@ -62,7 +62,7 @@ class DistributedActors(abc.ABC):
     def __init__(
         self,
         env_factory: Callable[[], gym.Env],
-        model: ActorCritic,
+        model: Model,
         cfg: ImpalaAlgorithmConfig,
         seed: int,
     ):

@@ -51,6 +51,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
+from impala_rl.actors.inference import CentralActing, InferenceServer, allocate_requests
 from impala_rl.actors.rollout_queue import Rollout, RolloutQueue
 from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, column_block
 
@@ -126,20 +127,27 @@ def _actor_main(
     num_envs: int,
     unroll_length: int,
     seed: int,
+    inference: tuple[Connection, dict[str, torch.Tensor]] | None = None,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process handles Ctrl-C
     torch.set_num_threads(1)
     try:
         slots = slot_views(store)
         model = pickle.loads(model_bytes)
-        loop = ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index)
-        loop.policy_version = weights.read_into(loop.model, -1)
+        acting = None
+        if inference is not None:  # central: the learner process acts, no weights here
+            infer_conn, requests = inference
+            rows = {name: field[actor_index] for name, field in requests.items()}
+            acting = CentralActing(infer_conn, rows, model)
+        loop = ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index, acting)
+        if acting is None:
+            loop.policy_version = weights.read_into(loop.model, -1)
         while True:
             msg = conn.recv()
             if msg is None:
                 break
-            version = weights.read_into(loop.model, loop.policy_version)
-            loop.policy_version = version
+            if acting is None:
+                loop.policy_version = weights.read_into(loop.model, loop.policy_version)
             result = loop.unroll(slots[msg])
             conn.send(("full", msg, result))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
@@ -181,6 +189,7 @@ class _Actor:
         self.index = index
         self.process: Any = None
         self.conn: Connection | None = None
+        self.infer_conn: Connection | None = None  # central inference's pipe
         self.slot: int | None = None  # slot it is filling (a full one waits in the queue)
         self.starts = 0
         self.delivered = 0  # rollouts delivered since the last (re)start
@@ -189,9 +198,14 @@ class _Actor:
 class SubprocessDistributedActors(DistributedActors):
     """``num_actors`` processes, shared-memory slots, a bounded queue and prefetching."""
 
-    def __init__(self, *args: Any, runner: Any = None, **kwargs: Any):
+    def __init__(
+        self, *args: Any, runner: Any = None, device: torch.device | str = "cpu", **kwargs: Any
+    ):
         super().__init__(*args, **kwargs)
         self.runner = runner
+        self.central = getattr(runner, "inference", "actor") == "central"
+        self.device = torch.device(device)
+        self.server: InferenceServer | None = None
         self.start_method = getattr(runner, "start_method", "forkserver")
         self.max_restarts = getattr(runner, "max_actor_restarts", 3)
         self.shutdown_timeout_s = getattr(runner, "shutdown_timeout_s", 10.0)
@@ -257,6 +271,12 @@ class SubprocessDistributedActors(DistributedActors):
         self.actors = [_Actor(i) for i in range(cfg.num_actors)]
         self._started = True
         try:
+            if self.central:
+                self._requests = allocate_requests(spec, cfg.num_actors, spec.N)
+                self.server = InferenceServer(
+                    self._template, self._requests, self.device, self._inference_pipes, self.seed
+                )
+                self.server.start()
             for actor in self.actors:
                 self._spawn(actor)
                 self._give_slot(actor)
@@ -271,6 +291,10 @@ class SubprocessDistributedActors(DistributedActors):
     def _spawn(self, actor: _Actor) -> None:
         cfg = self.cfg
         parent_conn, child_conn = self.ctx.Pipe(duplex=True)
+        inference = infer_child = None
+        if self.central:
+            infer_parent, infer_child = self.ctx.Pipe(duplex=True)
+            inference = (infer_child, self._requests)
         seed = actor_seed(self.seed, actor.index)
         if actor.starts:
             seed = actor_seed(self.seed + 7919 * actor.starts, actor.index)
@@ -287,11 +311,15 @@ class SubprocessDistributedActors(DistributedActors):
                 cfg.envs_per_actor,
                 cfg.n_rollout_steps,
                 seed,
+                inference,
             ),
             daemon=True,
         )
         process.start()
         child_conn.close()
+        if infer_child is not None:
+            infer_child.close()
+            actor.infer_conn = infer_parent
         actor.process, actor.conn = process, parent_conn
         actor.delivered = 0
         actor.starts += 1
@@ -314,6 +342,8 @@ class SubprocessDistributedActors(DistributedActors):
         dispatcher = getattr(self, "_dispatcher", None)
         if dispatcher is not None:
             dispatcher.join(timeout=self.shutdown_timeout_s)
+        if self.server is not None:
+            self.server.stop()
         for actor in self.actors:
             if actor.conn is not None:
                 try:
@@ -331,7 +361,9 @@ class SubprocessDistributedActors(DistributedActors):
                 self._unreaped.append(actor.process)
             if actor.conn is not None:
                 actor.conn.close()
-            actor.process = actor.conn = None
+            if actor.infer_conn is not None:
+                actor.infer_conn.close()
+            actor.process = actor.conn = actor.infer_conn = None
         self._unreaped = [p for p in self._unreaped if _reap(p, timeout=2.0) is None]
 
     # -- the dispatcher thread ------------------------------------------------------------------
@@ -401,7 +433,9 @@ class SubprocessDistributedActors(DistributedActors):
         for lost in self.queue.discard_blocked(actor.index):  # neither recorded nor counted
             self._free.append(lost.payload)
         actor.conn.close()
-        actor.process = actor.conn = None
+        if actor.infer_conn is not None:
+            actor.infer_conn.close()
+        actor.process = actor.conn = actor.infer_conn = None
         if failed:
             return
         if self.restarts >= self.max_restarts:
@@ -479,6 +513,11 @@ class SubprocessDistributedActors(DistributedActors):
             self._batches.append((out, oldest, results))
             self._lock.notify_all()
 
+    def _inference_pipes(self) -> dict[int, Connection]:
+        """The inference server's view: each live actor's inference pipe."""
+        with self._lock:
+            return {a.index: a.infer_conn for a in self.actors if a.infer_conn is not None}
+
     def _slot_version(self, slot_index: int) -> int:
         return int(self.slots[slot_index]["policy_version"][0])
 
@@ -501,7 +540,10 @@ class SubprocessDistributedActors(DistributedActors):
             self.policy_version += 1
             self._in_update = False
             version = self.policy_version
-        self.weights.publish(state_dict, version)
+        if self.server is not None:
+            self.server.load(state_dict, version)  # actors need no weights
+        else:
+            self.weights.publish(state_dict, version)
 
     def collect_outputs(self, learner_device: torch.device | str) -> CollectedOutputs:
         device = torch.device(learner_device)
@@ -513,6 +555,8 @@ class SubprocessDistributedActors(DistributedActors):
                 while not self._batches:
                     if self._error is not None:
                         raise self._error
+                    if self.server is not None and self.server.error is not None:
+                        raise ActorError(f"central inference failed: {self.server.error!r}")
                     if not self._dispatcher.is_alive():
                         raise ActorError("the dispatcher thread stopped unexpectedly")
                     if len(self.queue) >= self.cfg.actors_batch_size and not self._assembling:

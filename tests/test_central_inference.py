@@ -1,0 +1,249 @@
+"""Central inference (``runner.inference=central``): the learner process acts for the actors.
+
+The server and its clients run in one process here (threads and a pipe) where a test compares
+numbers, and through the subprocess backend where it checks processes, restarts and training.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+
+import pytest
+import torch
+
+from deadlines import alarm_deadline, wait_until
+from impala_rl.actors.inference import CentralActing, InferenceServer, allocate_requests
+from impala_rl.actors.subprocess import SubprocessDistributedActors
+from impala_rl.config import (
+    ConfigError,
+    ImpalaAlgorithmConfig,
+    ModelConfig,
+    RunnerConfig,
+    load_config,
+)
+from impala_rl.envs import EnvFactory
+from impala_rl.learner import forward_batch
+from impala_rl.nn import act
+from impala_rl.nn.factory import build_model_for_env
+from impala_rl.rollout import ActorLoop, rollout_spec_for
+
+T = 12
+
+
+@pytest.fixture(autouse=True)
+def _deadline(request):
+    with alarm_deadline(request, 120.0):
+        yield
+
+
+def _model(factory: EnvFactory, **model: object):
+    env = factory()
+    torch.manual_seed(7)
+    built = build_model_for_env(ModelConfig(hidden_sizes=[16], **model), env)  # type: ignore[arg-type]
+    env.close()
+    return built
+
+
+class _Served:
+    """A server thread and one client per actor, in this process."""
+
+    def __init__(self, model, num_envs: int, clients: int = 1):
+        spec = rollout_spec_for(model, None, T, num_envs)
+        self.requests = allocate_requests(spec, clients, spec.N)
+        pipes = [mp.Pipe(duplex=True) for _ in range(clients)]
+        self.server_ends = {i: a for i, (a, _) in enumerate(pipes)}
+        self.server = InferenceServer(model, self.requests, "cpu", lambda: self.server_ends, 3)
+        self.clients = [
+            CentralActing(b, {k: v[i] for k, v in self.requests.items()}, model)
+            for i, (_, b) in enumerate(pipes)
+        ]
+
+    def __enter__(self) -> _Served:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+        assert self.server.error is None
+
+
+CASES = {
+    "mlp": ("CartPole-v1", {}),
+    "lstm+last_inputs+normalize_obs": (
+        "CartPole-v1",
+        {
+            "core": "lstm",
+            "shared_torso": True,
+            "lstm_hidden_size": 8,
+            "use_last_action_reward": True,
+            "normalize_obs": True,
+        },
+    ),
+    "structured+lstm": (
+        "impala_rl.envs.examples:ItemPlacementEnv",
+        {"core": "lstm", "shared_torso": True, "lstm_hidden_size": 8},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ["mlp", "lstm+last_inputs+normalize_obs"])
+def test_server_acts_as_the_policy_in_the_actor_would(case):
+    env_id, settings = CASES[case]
+    factory = EnvFactory(env_id, {"n_rounds": 2} if ":" in env_id else {})
+    model = _model(factory, **settings)
+    if model.observation_normalizer(0) is not None:  # statistics that change the answer
+        model.observation_normalizer(0).update(torch.randn(64, 4) * 0.3 + 0.2)
+    n = 5
+    obs = torch.randn(n, 4)
+    first = torch.tensor([True, False, True, False, False])
+    state = model.initial_state(n)
+    if state is not None:
+        state = (torch.randn_like(state[0]), torch.randn_like(state[1]))
+    extra = None
+    if model.use_last_action_reward:
+        extra = model.last_inputs(0, torch.tensor([0, 1, 1, 0, 1]), torch.randn(n))
+        extra = extra.masked_fill(first.unsqueeze(-1), 0.0)
+    with _Served(model, n) as served:
+        remote = served.clients[0].act(0, obs, None, first, state, extra)
+        value = served.clients[0].value(0, obs, extra, state)
+    dist, local_state = model.act(0, obs, None, first, state, extra)
+    torch.testing.assert_close(remote.log_prob, dist.log_prob(remote.action))
+    assert list(remote.env_action) == model.action_head(0).to_env(remote.action).tolist()
+    local_value = model.value(0, obs, extra, state)
+    torch.testing.assert_close(value, local_value)
+    if local_state is not None:
+        torch.testing.assert_close(remote.core_state[0], local_state[0])
+        torch.testing.assert_close(remote.core_state[1], local_state[1])
+    # the mode through the one acting function agrees too
+    mode = act(model, 0, obs, None, first, state, extra, deterministic=True).action
+    assert mode.shape == remote.action.shape
+
+
+@pytest.mark.parametrize("case", ["mlp", "lstm+last_inputs+normalize_obs", "structured+lstm"])
+def test_centrally_acted_unrolls_are_the_policy_s_own_across_unrolls(case):
+    """Replaying the slots (core state carried from unroll to unroll, first flags, last inputs,
+    every step key) through the learner's forward with the same weights gives back the
+    behaviour log-probs: the server acted with exactly this policy on exactly these inputs."""
+    env_id, settings = CASES[case]
+    structured = ":" in env_id
+    factory = EnvFactory(env_id, {"n_rounds": 2} if structured else {}, None if structured else 9)
+    model = _model(factory, **settings)
+    num_envs = 3
+    with _Served(model, num_envs) as served:
+        loop = ActorLoop(factory, num_envs, model, 0, T, acting=served.clients[0])
+        spec = rollout_spec_for(model, None, T, num_envs)
+        for unroll in range(3):
+            slot = spec.allocate()
+            loop.unroll(slot)
+            out = forward_batch(model.eval(), slot)
+            torch.testing.assert_close(
+                out.log_prob[:-1], slot["behaviour_log_prob"], atol=1e-5, rtol=1e-5
+            )
+            assert int(slot["policy_version"][0]) == 0
+            if not structured and unroll:  # truncation after 9 steps: values were asked for
+                assert bool(slot["truncated"].any())
+                assert bool((slot["truncation_value"][slot["truncated"]] != 0).all())
+        loop.close()
+    assert served.server.requests_served >= 3 * T
+
+
+def test_an_actor_gone_mid_request_leaves_the_others_served():
+    factory = EnvFactory("CartPole-v1")
+    model = _model(factory)
+    with _Served(model, 2, clients=2) as served:
+        gone, kept = served.clients
+        obs = torch.randn(2, 4)
+        gone.buffers["obs"][:2].copy_(obs)
+        gone.conn.send(("act", 0, 2))  # a request whose sender dies before the answer
+        gone.conn.close()
+        for _ in range(5):
+            acted = kept.act(0, obs, None, None, None, None)
+            assert acted.action.shape == (2,)
+        # the dead actor's pipe breaks on the server's side too: it is skipped, not fatal
+        served.server_ends.pop(0).close()
+        kept.act(0, obs, None, None, None, None)
+    assert served.server.error is None
+
+
+def test_weights_loaded_into_the_server_act_with_their_version():
+    factory = EnvFactory("CartPole-v1")
+    model = _model(factory)
+    with _Served(model, 2) as served:
+        client = served.clients[0]
+        client.act(0, torch.randn(2, 4), None, None, None, None)
+        newer = {k: v + 0.5 for k, v in model.state_dict().items()}
+        served.server.load(newer, 4)
+        obs = torch.randn(2, 4)
+        acted = client.act(0, obs, None, None, None, None)
+        assert client.unroll_version(99) == 0  # the oldest since the last unroll
+        acted = client.act(0, obs, None, None, None, None)
+        assert client.unroll_version(99) == 4
+    model.load_state_dict(newer)
+    torch.testing.assert_close(acted.log_prob, model.policy(0, obs).log_prob(acted.action))
+
+
+def _subprocess_actors(max_actor_restarts: int = 3) -> SubprocessDistributedActors:
+    factory = EnvFactory("CartPole-v1")
+    model = _model(factory, core="lstm", shared_torso=True, lstm_hidden_size=8)
+    cfg = ImpalaAlgorithmConfig(
+        num_actors=2, envs_per_actor=2, n_rollout_steps=8, actors_batch_size=2
+    )
+    runner = RunnerConfig(inference="central", max_actor_restarts=max_actor_restarts)
+    return SubprocessDistributedActors(factory, model, cfg, 0, runner=runner, device="cpu")
+
+
+def test_subprocess_actors_with_central_inference_survive_a_killed_actor():
+    actors = _subprocess_actors()
+    with actors:
+        for _ in range(3):
+            out = actors.collect_outputs("cpu")
+            actors.broadcast_updated_policy(actors._template.state_dict())
+        assert int(out.batch["policy_version"].max()) >= 1  # the server's versions are stamped
+        victim = actors.actors[0].process.pid
+        os.kill(victim, signal.SIGKILL)  # most likely waiting on the server: mid-request
+        wait_until(lambda: actors.restarts == 1, 15, "the restart")
+        seen: set[int] = set()
+        for _ in range(40):
+            seen.update(actors.collect_outputs("cpu").batch["actor_index"].tolist())
+            if seen == {0, 1}:
+                break
+        assert seen == {0, 1}
+        assert actors.server is not None and actors.server.error is None
+        pids = [a.process.pid for a in actors.actors]
+        server_thread = actors.server._thread
+    assert not server_thread.is_alive()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_central_inference_needs_the_subprocess_backend():
+    with pytest.raises(ConfigError, match=r"runner\.inference"):
+        load_config("cartpole", ["runner.inference=central"])  # the preset is sequential
+    with pytest.raises(ConfigError, match=r"runner\.inference"):
+        load_config("cartpole", ["runner.inference=gpu"])
+    cfg = load_config("cartpole", ["runner.backend=subprocess", "runner.inference=central"])
+    assert cfg.runner.inference == "central"
+
+
+def test_cartpole_trains_with_central_inference(tmp_path):
+    from impala_rl.trainer import Trainer
+
+    cfg = load_config(
+        "cartpole",
+        [
+            "runner.backend=subprocess",
+            "runner.inference=central",
+            "max_env_steps=6000",
+            "target_return=null",
+            f"log.run_dir={tmp_path / 'run'}",
+            "log.console=false",
+            "log.tensorboard=false",
+        ],
+    )
+    summary = Trainer(cfg).train()
+    assert summary["env_steps"] >= 6000
+    assert threading.active_count() < 10  # the server and dispatcher threads are gone
