@@ -247,3 +247,28 @@ def test_cartpole_trains_with_central_inference(tmp_path):
     summary = Trainer(cfg).train()
     assert summary["env_steps"] >= 6000
     assert threading.active_count() < 10  # the server and dispatcher threads are gone
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_central_inference_acts_on_the_gpu(tmp_path):
+    """LSTM + last inputs on a GPU learner: the server's weights and requests live on cuda."""
+    from impala_rl.trainer import Trainer
+
+    cfg = load_config(
+        "cartpole",
+        [
+            "runner.backend=subprocess",
+            "runner.inference=central",
+            "algorithm.device=cuda",
+            "model.core=lstm",
+            "model.shared_torso=true",
+            "model.use_last_action_reward=true",
+            "max_env_steps=6000",
+            "target_return=null",
+            f"log.run_dir={tmp_path / 'run'}",
+            "log.console=false",
+            "log.tensorboard=false",
+        ],
+    )
+    summary = Trainer(cfg).train()
+    assert summary["env_steps"] >= 6000

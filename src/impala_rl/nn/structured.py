@@ -390,6 +390,11 @@ class StructuredActorCritic(nn.Module):
     def has_core(self) -> bool:
         return self.core is not None
 
+    @property
+    def needs_inputs(self) -> bool:
+        """True when the model reads more than observations (a core or last action/reward)."""
+        return self.core is not None or self.use_last_action_reward
+
     def initial_state(
         self, batch_size: int, device: torch.device | str = "cpu"
     ) -> CoreState | None:
