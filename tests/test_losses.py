@@ -71,7 +71,73 @@ def test_entropy_loss_from_policy_decreases_towards_uniform():
     assert new_entropy.item() > entropy.item()
 
 
-@pytest.mark.parametrize("fn", [losses.policy_gradient_loss, losses.baseline_loss])
+def _clipped_surrogate_reference(
+    log_ratio: list[list[float]], advantages: list[list[float]], clip: float
+) -> tuple[float, list[list[float]]]:
+    """The surrogate and its gradient in log_ratio, element by element in plain Python.
+
+    Per element: the objective is r * A unless clipping binds (r outside [1 - eps, 1 + eps]
+    on the side where the clipped term is the smaller one), where it is the constant
+    clip(r) * A. d(r * A)/d log r = r * A."""
+    n = sum(len(row) for row in log_ratio)
+    total, grad = 0.0, []
+    for lr_row, a_row in zip(log_ratio, advantages, strict=True):
+        grad_row = []
+        for lr, a in zip(lr_row, a_row, strict=True):
+            r = math.exp(lr)
+            clipped = min(max(r, 1.0 - clip), 1.0 + clip)
+            unclipped_term, clipped_term = r * a, clipped * a
+            total += min(unclipped_term, clipped_term)
+            binds = clipped_term < unclipped_term
+            grad_row.append(0.0 if binds else -r * a / n)
+        grad.append(grad_row)
+    return -total / n, grad
+
+
+@pytest.mark.parametrize("clip", [0.1, 0.4, 100.0])
+def test_clipped_surrogate_loss_matches_a_per_element_reference(clip):
+    gen = torch.Generator().manual_seed(0)
+    log_ratio = (0.6 * torch.randn(7, 5, generator=gen, dtype=torch.float64)).requires_grad_()
+    advantages = torch.randn(7, 5, generator=gen, dtype=torch.float64).requires_grad_()
+    loss = losses.clipped_surrogate_loss(log_ratio, advantages, clip)
+    expected, expected_grad = _clipped_surrogate_reference(
+        log_ratio.tolist(), advantages.tolist(), clip
+    )
+    assert loss.dim() == 0
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    loss.backward()
+    torch.testing.assert_close(log_ratio.grad, torch.tensor(expected_grad, dtype=torch.float64))
+    assert advantages.grad is None
+
+
+def test_clipped_surrogate_loss_clips_on_the_side_of_the_advantage():
+    # r = 2 (log 2): a positive advantage is capped at 1 + clip; a negative one is not
+    log_ratio = torch.full((1, 2), math.log(2.0), requires_grad=True)
+    advantages = torch.tensor([[1.0, -1.0]])
+    loss = losses.clipped_surrogate_loss(log_ratio, advantages, 0.2)
+    assert loss.item() == pytest.approx(-(1.2 * 1.0 + 2.0 * -1.0) / 2)
+    loss.backward()
+    torch.testing.assert_close(log_ratio.grad, torch.tensor([[0.0, 2.0 / 2]]))
+
+
+def test_clipped_surrogate_loss_at_ratio_one_has_the_policy_gradient_losss_gradient():
+    log_probs = torch.tensor([[-0.5, -1.0], [-2.0, -0.1]], requires_grad=True)
+    advantages = torch.tensor([[1.0, -2.0], [0.5, 3.0]])
+    losses.clipped_surrogate_loss(log_probs - log_probs.detach(), advantages, 0.4).backward()
+    surrogate_grad = log_probs.grad.clone()
+    log_probs.grad = None
+    losses.policy_gradient_loss(log_probs, advantages).backward()
+    torch.testing.assert_close(surrogate_grad, log_probs.grad)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        losses.policy_gradient_loss,
+        losses.baseline_loss,
+        lambda a, b: losses.clipped_surrogate_loss(a, b, 0.2),
+    ],
+)
 def test_shape_mismatch_raises(fn):
     with pytest.raises(ValueError, match="same shape"):
         fn(torch.zeros(4, 3), torch.zeros(4, 1))

@@ -15,6 +15,7 @@ __all__ = [
     "REWARD_CLIPPING_MODES",
     "baseline_loss",
     "clip_rewards",
+    "clipped_surrogate_loss",
     "entropy_loss",
     "policy_gradient_loss",
 ]
@@ -42,6 +43,29 @@ def policy_gradient_loss(action_log_probs: torch.Tensor, advantages: torch.Tenso
     """
     _check_same_shape("action_log_probs", action_log_probs, "advantages", advantages)
     return -(action_log_probs * advantages.detach()).mean()
+
+
+def clipped_surrogate_loss(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, clip: float
+) -> torch.Tensor:
+    """PPO's clipped surrogate, as APPO and IMPACT use it on V-trace advantages:
+    ``-mean(min(r_t * A_t, clip(r_t, 1 - clip, 1 + clip) * A_t))`` with ``r_t = exp(log_ratio)``.
+
+    Args:
+        log_ratio: ``[T, B]`` ``log pi(a_t|x_t) - log pi_target(a_t|x_t)``, with gradient
+            through the trained policy's term.
+        advantages: ``[T, B]`` V-trace advantages; detached here, they are constants.
+        clip: the clip range (``> 0``).
+
+    Returns:
+        Scalar mean over time and batch. Where the ratio is 1 its gradient is the policy
+        gradient's, ``-mean(A_t * grad log pi(a_t|x_t))``.
+    """
+    _check_same_shape("log_ratio", log_ratio, "advantages", advantages)
+    advantages = advantages.detach()
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
+    return -torch.minimum(ratio * advantages, clipped * advantages).mean()
 
 
 def baseline_loss(vs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
