@@ -238,14 +238,24 @@ class InferenceServer:
         self.batches += 1
 
     def _gather(self, name: str, members: list[tuple[int, Any, int]]) -> torch.Tensor:
-        rows = [self.buffers[name][actor, :n] for actor, _, n in members]
-        return torch.cat(rows).to(self.device, non_blocking=True)
+        field = self.buffers[name]
+        if all(n == field.shape[1] for _, _, n in members):  # whole rows: one indexed copy
+            index = torch.tensor([actor for actor, _, _ in members])
+            rows = field.index_select(0, index).flatten(0, 1)
+        else:
+            rows = torch.cat([field[actor, :n] for actor, _, n in members])
+        return rows.to(self.device, non_blocking=True)
 
     def _scatter(self, name: str, members: list[tuple[int, Any, int]], values: Any) -> None:
+        field = self.buffers[name]
         values = values.to("cpu")
+        if all(n == field.shape[1] for _, _, n in members):
+            index = torch.tensor([actor for actor, _, _ in members])
+            field.index_copy_(0, index, values.view(len(members), *field.shape[1:]))
+            return
         offset = 0
         for actor, _, n in members:
-            self.buffers[name][actor, :n].copy_(values[offset : offset + n])
+            field[actor, :n].copy_(values[offset : offset + n])
             offset += n
 
     def _serve_group(self, kind: str, step_key: int, members: list[tuple[int, Any, int]]) -> None:
