@@ -36,6 +36,7 @@ INITS = ("builtin", "orthogonal", "torch")
 PRECISIONS = ("fp32", "bf16")
 CRITIC_MODES = ("per_step_key", "shared")
 VECTOR_ENVS = ("auto", "python", "envpool")
+POLICY_LOSSES = ("impala", "appo")
 
 
 class ConfigError(ValueError):
@@ -144,6 +145,27 @@ class ImpalaAlgorithmConfig:
     """Optimizer steps per batch (sample reuse): each pass recomputes V-trace's importance
     weights against the current weights, which corrects the added off-policyness, and is
     broadcast to the actors."""
+    num_minibatches: int = 1
+    """Minibatches per pass: each pass splits the batch's columns (shuffled) into this many
+    blocks, one optimizer step (and broadcast) each, so a batch takes ``num_passes *
+    num_minibatches`` steps. It must divide the batch's columns (``actors_batch_size *
+    envs_per_actor`` times the env's agents); V-trace runs along time within each column."""
+    policy_loss: str = "impala"
+    """``impala``: the policy gradient on V-trace advantages against the current weights.
+    ``appo``: APPO / IMPACT (Luo et al. 2020): a target network (a copy of the model, not
+    trained) gives V-trace's importance weights (``rho = pi_target / mu``), and the policy loss
+    is PPO's clipped surrogate with the ratio ``pi / pi_target`` on V-trace's advantages, so
+    passes and minibatches can reuse a batch safely. There is no KL penalty."""
+    clip_param: float = 0.4
+    """``appo``: the surrogate's ratio is clipped to ``[1 - clip_param, 1 + clip_param]``
+    (RLlib's APPO default 0.4)."""
+    target_update_frequency: int | None = None
+    """``appo``: optimizer steps between moves of the target network towards the trained one
+    (``null``: once per batch, after its ``num_passes * num_minibatches`` steps, so every step
+    on a batch is clipped against the policy that started it, as PPO's epochs)."""
+    target_tau: float = 1.0
+    """``appo``: how far each move goes, ``target <- tau * trained + (1 - tau) * target``
+    (1.0: a hard copy)."""
     rollout_evaluator: RolloutEvaluatorConfig = field(default_factory=RolloutEvaluatorConfig)
     """Evaluation after every epoch."""
 
@@ -518,6 +540,11 @@ RULES: dict[str, Rule] = {
     "algorithm.reward_clipping": one_of(REWARD_CLIPPING_MODES),
     "algorithm.max_policy_lag": at_least(0, integer=True, nullable=True),
     "algorithm.num_passes": at_least(1, integer=True),
+    "algorithm.num_minibatches": at_least(1, integer=True),
+    "algorithm.policy_loss": one_of(POLICY_LOSSES),
+    "algorithm.clip_param": above(0),
+    "algorithm.target_update_frequency": at_least(1, integer=True, nullable=True),
+    "algorithm.target_tau": Rule(lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
     "algorithm.critic_burn_in_epochs": at_least(0, integer=True),
     "algorithm.rollout_evaluator.n_episodes": at_least(1, integer=True),
     "algorithm.rollout_evaluator.max_episode_steps": at_least(1, integer=True, nullable=True),
@@ -584,10 +611,26 @@ def max_waiting_rollouts(a: ImpalaAlgorithmConfig) -> int:
     return math.ceil(factor * a.actors_batch_size)
 
 
+def steps_per_batch(a: ImpalaAlgorithmConfig) -> int:
+    """Optimizer steps the learner takes on one batch: ``num_passes * num_minibatches``."""
+    return a.num_passes * a.num_minibatches
+
+
 def handout_lag_bound(a: ImpalaAlgorithmConfig) -> int | None:
-    """The policy lag a rollout may have when its batch is handed out, so that every pass over
+    """The policy lag a rollout may have when its batch is handed out, so that every step on
     the batch stays within ``max_policy_lag`` (``None``: no bound)."""
-    return None if a.max_policy_lag is None else a.max_policy_lag - (a.num_passes - 1)
+    return None if a.max_policy_lag is None else a.max_policy_lag - (steps_per_batch(a) - 1)
+
+
+def check_num_minibatches(a: ImpalaAlgorithmConfig, columns: int) -> None:
+    """Refuse a ``num_minibatches`` that does not divide a batch's ``columns``."""
+    if columns % a.num_minibatches:
+        _refuse(
+            "algorithm.num_minibatches",
+            f"a divisor of the batch's {columns} columns (actors_batch_size * envs_per_actor "
+            "* the env's agents)",
+            a.num_minibatches,
+        )
 
 
 def check_queue_out_of_sync_factor(a: ImpalaAlgorithmConfig) -> None:
@@ -630,10 +673,11 @@ def validate(cfg: RunConfig) -> None:
         )
     a = cfg.algorithm
     check_queue_out_of_sync_factor(a)
-    if a.max_policy_lag is not None and a.max_policy_lag < a.num_passes - 1:
+    if a.max_policy_lag is not None and a.max_policy_lag < steps_per_batch(a) - 1:
+        steps = "num_passes" if a.num_minibatches == 1 else "num_passes * num_minibatches"
         _refuse(
             "algorithm.max_policy_lag",
-            f"null or an integer >= num_passes - 1 = {a.num_passes - 1} (pass n of a batch "
+            f"null or an integer >= {steps} - 1 = {steps_per_batch(a) - 1} (step n on a batch "
             "sees n more updates than its first)",
             a.max_policy_lag,
         )

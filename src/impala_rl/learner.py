@@ -3,19 +3,25 @@
 Losses are kept per sub-step (``step_key``) and per critic (``critic_key``); a plain
 Gymnasium env has the single key ``0`` for both, and structured envs add keys without
 changing this flow.
+
+``algorithm.policy_loss=appo`` (APPO / IMPACT) adds a target network: V-trace's importance
+weights are against it and the policy loss is PPO's clipped surrogate of ``pi / pi_target``;
+the target moves towards the trained weights every ``target_update_frequency`` steps.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from impala_rl import losses, vtrace
-from impala_rl.config import ImpalaAlgorithmConfig
+from impala_rl.config import ImpalaAlgorithmConfig, check_num_minibatches, steps_per_batch
 from impala_rl.nn import Model
 
 
@@ -238,6 +244,44 @@ class Learner:
         self._policy_params = {k: model.policy_parameters(k) for k in model.step_keys}
         self._critic_params = {c: model.critic_parameters(c) for c in model.critic_keys}
         self._popart = model.popart_heads()  # {critic key: PopArt head}
+        self.target_model: Model | None = None  # appo: the policy the surrogate clips against
+        if cfg.policy_loss == "appo":
+            self.target_model = copy.deepcopy(self.model).requires_grad_(False)
+
+    @property
+    def target_update_frequency(self) -> int:
+        """Optimizer steps between target moves (``null`` in the config: once per batch)."""
+        return self.cfg.target_update_frequency or steps_per_batch(self.cfg)
+
+    def minibatches(self, batch: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
+        """One pass over ``batch``: ``num_minibatches`` blocks of its columns, each column in
+        exactly one (shuffled by the global torch generator); the batch itself for one."""
+        n = self.cfg.num_minibatches
+        if n == 1:
+            yield batch
+            return
+        columns = batch["first"].shape[1]
+        check_num_minibatches(self.cfg, columns)
+        order = torch.randperm(columns).to(batch["first"].device)
+        for idx in order.view(n, columns // n):
+            yield {k: (v[idx] if v.ndim == 1 else v[:, idx]) for k, v in batch.items()}
+
+    def sync_target(self, tau: float = 1.0) -> None:
+        """Move the target network towards the trained one: ``target <- tau * trained + (1 -
+        tau) * target`` for the weights; buffers (observation and PopArt statistics) are
+        copied."""
+        if self.target_model is None:
+            return
+        with torch.no_grad():
+            trained = dict(self.model.named_parameters())
+            for name, p in self.target_model.named_parameters():
+                if tau >= 1.0:
+                    p.copy_(trained[name])
+                else:
+                    p.lerp_(trained[name], tau)
+            trained_buffers = dict(self.model.named_buffers())
+            for name, b in self.target_model.named_buffers():
+                b.copy_(trained_buffers[name])
 
     def set_learning_rate(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -267,17 +311,26 @@ class Learner:
             update_observation_statistics(self.model, batch)
         self.model.train()
         out = forward_batch(self.model, batch)
+        target_log_prob = self._target_policy(batch)
         t1 = time.perf_counter()
-        vt = self._targets(batch, out)
+        vt = self._targets(batch, out, target_log_prob)
         rows_of, critic_rows = self._key_rows(batch)
         pg_advantages, value_loss_scale, popart_old = self._popart_step(vt, critic_rows)
         pg_loss, ent_loss, value_loss, total = self._losses(
-            out, vt, pg_advantages, value_loss_scale, rows_of, critic_rows, train_policy
+            out,
+            vt,
+            pg_advantages,
+            value_loss_scale,
+            rows_of,
+            critic_rows,
+            train_policy,
+            target_log_prob,
         )
         t2 = time.perf_counter()
         policy_grad_norm, critic_grad_norm, grad_norm = self._step(
             total, popart_old, pg_loss, value_loss
         )
+        self._follow_target()
         t3 = time.perf_counter()
         rho_bar = self.cfg.vtrace_clip_rho_threshold
         rhos = {k: _rows(vt.rhos, rows_of[k]) for k in pg_loss}
@@ -305,21 +358,36 @@ class Learner:
         )
 
     # -- the phases of an update, in order -------------------------------------------------------
-    def _targets(self, batch: dict[str, torch.Tensor], out: TargetOutputs) -> vtrace.VTraceReturns:
+    def _target_policy(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """appo: the target network's ``log pi_target(a_t|x_t)`` ``[T+1, B]`` (no gradient);
+        ``None`` for impala."""
+        if self.target_model is None:
+            return None
+        with torch.no_grad():
+            return forward_batch(self.target_model, batch).log_prob
+
+    def _targets(
+        self,
+        batch: dict[str, torch.Tensor],
+        out: TargetOutputs,
+        target_log_prob: torch.Tensor | None = None,
+    ) -> vtrace.VTraceReturns:
         """V-trace over the columns ``[T, B]``.
 
         The row after an episode's end belongs to the next episode (or the agent is done), so
         the discount there is 0; a truncated episode bootstraps from its final observation
         instead, whose value (under the acting policy) the actor stored: it is added to the
-        reward as ``gamma * V(x_final)``.
+        reward as ``gamma * V(x_final)``. The importance weights are the trained policy's
+        (impala) or the target network's (appo, ``target_log_prob``) over the behaviour's.
         """
         cfg = self.cfg
         rewards = losses.clip_rewards(batch["reward"], cfg.reward_clipping)
         truncated = batch["truncated"]
         rewards = rewards + cfg.gamma * truncated.float() * batch["truncation_value"]
         discounts = cfg.gamma * (~(batch["terminated"] | truncated)).float()
+        log_prob = out.log_prob if target_log_prob is None else target_log_prob
         return vtrace.from_importance_weights(
-            out.log_prob[:-1].detach() - batch["behaviour_log_prob"],
+            log_prob[:-1].detach() - batch["behaviour_log_prob"],
             discounts,
             rewards,
             out.value[:-1].detach(),
@@ -376,17 +444,26 @@ class Learner:
         rows_of: dict[int, torch.Tensor | None],
         critic_rows: dict[int, torch.Tensor | None],
         train_policy: bool,
+        target_log_prob: torch.Tensor | None = None,
     ) -> tuple[dict, dict, dict, torch.Tensor]:
-        """The policy-gradient and entropy losses per step key and the value loss per critic,
+        """The policy-gradient (impala) or clipped-surrogate (appo, against
+        ``target_log_prob``) and entropy losses per step key and the value loss per critic,
         each a mean over its rows, and their weighted sum."""
         cfg = self.cfg
-        target_log_prob, entropy, values = out.log_prob[:-1], out.entropy[:-1], out.value[:-1]
+        log_prob, entropy, values = out.log_prob[:-1], out.entropy[:-1], out.value[:-1]
         pg_loss, ent_loss, value_loss = {}, {}, {}
         for k, rows in rows_of.items():
             if rows is None or bool(rows.any()):
-                pg_loss[k] = losses.policy_gradient_loss(
-                    _rows(target_log_prob, rows), _rows(pg_advantages, rows)
-                )
+                if target_log_prob is None:
+                    pg_loss[k] = losses.policy_gradient_loss(
+                        _rows(log_prob, rows), _rows(pg_advantages, rows)
+                    )
+                else:
+                    pg_loss[k] = losses.clipped_surrogate_loss(
+                        _rows(log_prob - target_log_prob[:-1], rows),
+                        _rows(pg_advantages, rows),
+                        cfg.clip_param,
+                    )
                 ent_loss[k] = losses.entropy_loss(_rows(entropy, rows))
         for c, rows in critic_rows.items():
             if rows is None or bool(rows.any()):
@@ -423,6 +500,11 @@ class Learner:
         self.optimizer.step()
         self.num_updates += 1
         return policy_grad_norm, critic_grad_norm, grad_norm
+
+    def _follow_target(self) -> None:
+        """appo: after every ``target_update_frequency``-th optimizer step, move the target."""
+        if self.target_model is not None and self.num_updates % self.target_update_frequency == 0:
+            self.sync_target(self.cfg.target_tau)
 
 
 def _check_observations(batch: dict[str, torch.Tensor]) -> None:

@@ -25,7 +25,7 @@ import torch
 
 from impala_rl import checkpoint
 from impala_rl.actors import CollectedOutputs, DistributedActors, make_actors
-from impala_rl.config import ConfigError, RunConfig, to_dict, to_yaml
+from impala_rl.config import ConfigError, RunConfig, check_num_minibatches, to_dict, to_yaml
 from impala_rl.envs import EnvFactory, make_env_factory
 from impala_rl.evaluation import (
     BackgroundEvaluator,
@@ -163,7 +163,9 @@ class Trainer:
                 cfg.env.max_episode_steps,
                 self.env_factory.vector,
             )
-        self.learner = Learner(model, cfg.algorithm, self.device)
+        alg = cfg.algorithm
+        check_num_minibatches(alg, alg.actors_batch_size * alg.envs_per_actor * model.n_agents)
+        self.learner = Learner(model, alg, self.device)
         self.checkpoint_dir = self.run_dir / "checkpoints"
         if self.resume:
             self._load_last()
@@ -200,6 +202,9 @@ class Trainer:
                 "resume without this override or start a new run"
             )
         self.learner.model.load_state_dict(data["model"])
+        if self.learner.target_model is not None:  # appo: the saved target network, or the
+            # trained weights when the run was not appo before
+            self.learner.target_model.load_state_dict(data.get("target_model", data["model"]))
         load_optimizer_state(self.learner.optimizer, data["optimizer"], self.cfg.algorithm)
         self.counters = Counters(**data["counters"])
         # the training return's window carries over, so the first resumed epoch reports the
@@ -234,7 +239,7 @@ class Trainer:
         return int(seq.generate_state(1)[0])
 
     def _checkpoint_payload(self) -> dict[str, Any]:
-        return {
+        payload = {
             "format": checkpoint.CHECKPOINT_FORMAT,
             "model": self._finite_model_state(),
             "optimizer": self.learner.optimizer.state_dict(),
@@ -243,6 +248,9 @@ class Trainer:
             "rng": checkpoint.rng_state(),
             "config": self._config_dict,
         }
+        if self.learner.target_model is not None:  # appo's target network
+            payload["target_model"] = self._finite_model_state(self.learner.target_model)
+        return payload
 
     def save_checkpoint(self) -> None:
         checkpoint.save_atomic(self._checkpoint_payload(), self.checkpoint_dir / "last.pt")
@@ -337,13 +345,15 @@ class Trainer:
         t_collected = time.perf_counter()
         with self._one_step():
             passes: list[UpdateStats] = []
-            # Sample reuse: each pass recomputes V-trace against the current weights, and each
-            # is broadcast, so versions (and policy lag) keep counting optimizer steps.
+            # Sample reuse: each pass (of num_minibatches column blocks, one optimizer step
+            # each) recomputes V-trace against the current weights, and each step is
+            # broadcast, so versions (and policy lag) keep counting optimizer steps.
             for n in range(cfg.algorithm.num_passes):
-                passes.append(
-                    self.learner.update(collected.batch, train_policy=train_policy, fresh=n == 0)
-                )
-                actors.broadcast_updated_policy(self.learner.model.state_dict())
+                for block in self.learner.minibatches(collected.batch):
+                    passes.append(
+                        self.learner.update(block, train_policy=train_policy, fresh=n == 0)
+                    )
+                    actors.broadcast_updated_policy(self.learner.model.state_dict())
             c.updates = self.learner.num_updates
             c.env_steps += collected.env_steps
             self._follow_schedules()
