@@ -229,46 +229,23 @@ def test_central_inference_needs_the_subprocess_backend():
     assert cfg.runner.inference == "central"
 
 
-def test_cartpole_trains_with_central_inference(tmp_path):
+def _train_central(tmp_path, *overrides: str) -> dict:
+    """A short CartPole run with central inference on the subprocess backend."""
     from impala_rl.trainer import Trainer
 
-    cfg = load_config(
-        "cartpole",
-        [
-            "runner.backend=subprocess",
-            "runner.inference=central",
-            "max_env_steps=6000",
-            "target_return=null",
-            f"log.run_dir={tmp_path / 'run'}",
-            "log.console=false",
-            "log.tensorboard=false",
-        ],
-    )
-    summary = Trainer(cfg).train()
-    assert summary["env_steps"] >= 6000
+    settings = ["runner.backend=subprocess", "runner.inference=central", *overrides]
+    settings += ["max_env_steps=6000", "target_return=null", f"log.run_dir={tmp_path / 'run'}"]
+    cfg = load_config("cartpole", [*settings, "log.console=false", "log.tensorboard=false"])
+    return Trainer(cfg).train()
+
+
+def test_cartpole_trains_with_central_inference(tmp_path):
+    assert _train_central(tmp_path)["env_steps"] >= 6000
     assert threading.active_count() < 10  # the server and dispatcher threads are gone
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_central_inference_acts_on_the_gpu(tmp_path):
     """LSTM + last inputs on a GPU learner: the server's weights and requests live on cuda."""
-    from impala_rl.trainer import Trainer
-
-    cfg = load_config(
-        "cartpole",
-        [
-            "runner.backend=subprocess",
-            "runner.inference=central",
-            "algorithm.device=cuda",
-            "model.core=lstm",
-            "model.shared_torso=true",
-            "model.use_last_action_reward=true",
-            "max_env_steps=6000",
-            "target_return=null",
-            f"log.run_dir={tmp_path / 'run'}",
-            "log.console=false",
-            "log.tensorboard=false",
-        ],
-    )
-    summary = Trainer(cfg).train()
-    assert summary["env_steps"] >= 6000
+    lstm = ["model.core=lstm", "model.shared_torso=true", "model.use_last_action_reward=true"]
+    assert _train_central(tmp_path, "algorithm.device=cuda", *lstm)["env_steps"] >= 6000
