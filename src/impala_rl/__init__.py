@@ -13,13 +13,15 @@ __version__ = "0.1.0"
 
 
 def train(
-    config: Any = "cartpole",
+    config: Any = None,
     overrides: list[str] | None = None,
     run_dir: str | Path | None = None,
     resume: bool = False,
 ) -> dict[str, Any]:
-    """Train as the CLI does. ``config``: a :class:`RunConfig`, a preset name or a YAML path."""
+    """Train as the CLI does. ``config``: a :class:`RunConfig`, a preset name or a YAML path;
+    ``None``: defaults for the ``env.id`` in ``overrides`` (else the ``cartpole`` preset)."""
     from impala_rl.config import RunConfig, load_config, to_dict
+    from impala_rl.env_defaults import resolve_config
     from impala_rl.policy import load_run_config
     from impala_rl.trainer import Trainer
 
@@ -30,7 +32,7 @@ def train(
     elif isinstance(config, RunConfig):
         cfg = load_config(base=to_dict(config), overrides=overrides)
     else:
-        cfg = load_config(config, overrides)
+        cfg = resolve_config(config, overrides)
     return Trainer(cfg, run_dir=run_dir, resume=resume).train()
 
 

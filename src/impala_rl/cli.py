@@ -12,6 +12,7 @@ from pathlib import Path
 EPILOG = """examples:
   impala train cartpole
   impala train cartpole algorithm.lr=3e-4 seed=1 --run-dir runs/cp1
+  impala train env.id=Acrobot-v1 max_env_steps=500000   # no preset: defaults for the env
   impala train --config my.yaml max_env_steps=100000
   impala train --resume runs/cp1
   impala eval runs/cp1 --episodes 20          # also writes runs/cp1/eval.json
@@ -41,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
         nargs="*",
         metavar="[PRESET] [key=value ...]",
         help=f"a preset ({', '.join(list_presets())}) or YAML path, then "
-        "config overrides such as algorithm.lr=3e-4",
+        "config overrides such as algorithm.lr=3e-4; without a preset, env.id=ID gets "
+        "defaults for that env (printed at start), and no env.id the cartpole preset",
     )
     train.add_argument("--config", help="a YAML config file (instead of a preset)")
     train.add_argument("--run-dir", help="where to write the run (default runs/<env>-<time>)")
@@ -85,7 +87,7 @@ def _split_preset(items: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from impala_rl.config import load_config
+    from impala_rl.env_defaults import resolve_config
     from impala_rl.policy import load_run_config
     from impala_rl.trainer import Trainer
 
@@ -101,7 +103,7 @@ def _train(args: argparse.Namespace) -> int:
     else:
         if preset and args.config:
             raise _UsageError("give a preset or --config FILE, not both")
-        cfg = load_config(args.config or preset or "cartpole", overrides)
+        cfg = resolve_config(args.config or preset, overrides)
         trainer = Trainer(cfg, run_dir=args.run_dir)
     summary = trainer.train()
     print(json.dumps(summary, indent=2))

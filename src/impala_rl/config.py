@@ -59,6 +59,12 @@ class RolloutEvaluatorConfig:
     selection, patience and ``target_return`` act on each result when it arrives, with the
     snapshot's weights and epoch; ``false``: evaluate at the end of every epoch, training
     paused."""
+    max_time_share: float | None = None
+    """Evaluate at an epoch's end only while the time spent evaluating (the pause, or the
+    background thread's) plus the last evaluation's length stays within this share of the wall
+    time since the run (re)started, e.g. ``0.1`` (what ``env.id=ID`` without a preset gets); a
+    run that ends on its budget or ``n_epochs`` still evaluates its final weights. ``null``:
+    every epoch."""
 
 
 @dataclass
@@ -548,6 +554,9 @@ RULES: dict[str, Rule] = {
     "algorithm.critic_burn_in_epochs": at_least(0, integer=True),
     "algorithm.rollout_evaluator.n_episodes": at_least(1, integer=True),
     "algorithm.rollout_evaluator.max_episode_steps": at_least(1, integer=True, nullable=True),
+    "algorithm.rollout_evaluator.max_time_share": Rule(
+        lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1] or null", nullable=True
+    ),
     "env.id": Rule(bool, "a Gymnasium id or module:callable"),
     "env.max_episode_steps": at_least(1, integer=True, nullable=True),
     "env.vector": one_of(VECTOR_ENVS),

@@ -84,6 +84,13 @@ def learner_threads(cfg: RunConfig) -> int:
     return cores
 
 
+def evaluation_due(share: float | None, spent_s: float, last_s: float, elapsed_s: float) -> bool:
+    """Whether an epoch's end evaluates under ``rollout_evaluator.max_time_share``: the time
+    spent evaluating so far plus one more evaluation as long as the last stays within ``share``
+    of the elapsed wall time (``None``: always; the first evaluation always runs)."""
+    return share is None or spent_s + last_s <= share * elapsed_s
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -284,8 +291,12 @@ class Trainer:
         self.evaluator: BackgroundEvaluator | None = None
         self._background_epoch = -1  # the epoch whose weights were last sent to be evaluated
         self._last_epoch_stats: dict[str, float] = {}
+        # max_time_share: seconds spent evaluating since this process started the run, and the
+        # last evaluation's length (a thread's, in the background)
+        self._session_start = time.perf_counter()
+        self._eval_time_s = self._last_eval_s = 0.0
         if cfg.algorithm.rollout_evaluator.background:
-            self.evaluator = BackgroundEvaluator(self._evaluate)
+            self.evaluator = BackgroundEvaluator(self._timed_evaluate)
         try:
             with _stop_on_signals(self._stop_flag):
                 actors.start()
@@ -332,7 +343,9 @@ class Trainer:
         if stopped_because == "interrupted":  # stop soon: no evaluation
             self._write_epoch_stats(actors, epoch_start, epoch_steps)
             return stopped_because
-        reason = self._end_epoch(actors, epoch_start, epoch_steps)
+        n_epochs = self.cfg.algorithm.n_epochs
+        final = stopped_because is not None or 0 < n_epochs <= c.epoch
+        reason = self._end_epoch(actors, epoch_start, epoch_steps, final)
         return stopped_because or reason or self._budget_or_signal_stop(signal_only=True)
 
     def _update(
@@ -465,25 +478,42 @@ class Trainer:
             max_episode_steps=ev_cfg.max_episode_steps,
         )
 
+    def _timed_evaluate(self, model: torch.nn.Module, epoch: int) -> EvaluationResult:
+        """:meth:`_evaluate`, its time counted for ``rollout_evaluator.max_time_share``."""
+        t0 = time.perf_counter()
+        try:
+            return self._evaluate(model, epoch)
+        finally:
+            self._last_eval_s = time.perf_counter() - t0
+            self._eval_time_s += self._last_eval_s
+
+    def _evaluation_due(self, final: bool) -> bool:
+        share = self.cfg.algorithm.rollout_evaluator.max_time_share
+        elapsed = time.perf_counter() - self._session_start
+        return final or evaluation_due(share, self._eval_time_s, self._last_eval_s, elapsed)
+
     def _end_epoch(
-        self, actors: DistributedActors, epoch_start: float, epoch_steps: int
+        self, actors: DistributedActors, epoch_start: float, epoch_steps: int, final: bool
     ) -> str | None:
         """Evaluate, select the best model, write statistics; returns a stop reason or None.
 
         In the background the result of an earlier epoch's snapshot may arrive (or none), and a
-        new evaluation of this epoch's weights starts if none is running.
+        new evaluation of this epoch's weights starts if none is running. Under
+        ``rollout_evaluator.max_time_share`` an epoch's end may not evaluate; the ``final``
+        epoch's does (in the background: :meth:`_finish_background_evaluation`).
         """
         alg, c = self.cfg.algorithm, self.counters
         t0 = time.perf_counter()
         reason = None
         if self.evaluator is None:
-            result = self._evaluate(self.learner.model, c.epoch)
-            reason = self._select(result, c.epoch, self.learner.model)
+            if self._evaluation_due(final):
+                result = self._timed_evaluate(self.learner.model, c.epoch)
+                reason = self._select(result, c.epoch, self.learner.model)
         else:
             done = self.evaluator.poll()
             if done is not None:
                 reason = self._select(done[2], done[0], done[1])
-            if reason is None and not self.evaluator.busy:
+            if reason is None and not self.evaluator.busy and self._evaluation_due(False):
                 self.evaluator.start(self.learner.model, c.epoch)
                 self._background_epoch = c.epoch
         self.run_events.time_evaluation(time.perf_counter() - t0)
@@ -530,7 +560,7 @@ class Trainer:
         budget = stopped_because not in ("patience", "target_return")
         if budget and self._background_epoch != self.counters.epoch:
             epoch, model = self.counters.epoch, self.learner.model
-            self._select(self._evaluate(model, epoch), epoch, model)
+            self._select(self._timed_evaluate(model, epoch), epoch, model)
             self._rewrite_last_epoch()
 
     def _rewrite_last_epoch(self) -> None:

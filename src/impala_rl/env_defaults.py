@@ -1,0 +1,135 @@
+"""What ``impala train env.id=ID`` runs without a preset: defaults that fit the env.
+
+The config's own defaults, plus a few settings chosen for the env:
+
+- ``target_return``: the env's Gymnasium ``spec.reward_threshold`` where it defines one, else
+  ``null`` (no early stop), never another env's target;
+- evaluation in the background, at most ~10% of the wall time
+  (``rollout_evaluator.max_time_share``), the final weights evaluated at the end;
+- ``patience: 0`` and a budget of 1M env steps (``max_env_steps`` overrides it);
+- image observations (``uint8 [C, H, W]``): a CNN encoder with one shared torso (the Nature
+  CNN, or the MinAtar CNN for frames under 36 pixels), as the ``atari`` and ``minatar``
+  presets; vector observations keep the MLP.
+
+The user's ``key=value`` overrides go on top, so an explicit ``target_return`` always wins.
+With neither a preset nor ``env.id`` the ``cartpole`` preset runs (CartPole-v1, tuned).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from impala_rl.config import RunConfig, load_config
+from impala_rl.envs import EnvFactory
+from impala_rl.envs.structured import is_structured
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PRESET = "cartpole"
+"""What runs with neither a preset nor ``env.id``."""
+MAX_ENV_STEPS = 1_000_000
+EVAL_TIME_SHARE = 0.1
+NATURE_CNN_MIN_SIDE = 36  # 8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave >= 1 pixel
+
+
+def reward_threshold(env_id: str) -> float | None:
+    """The env's Gymnasium ``spec.reward_threshold``; None for a ``module:callable`` factory,
+    an id Gymnasium does not know, or a spec without one."""
+    if ":" in env_id:
+        return None
+    try:
+        threshold = gym.spec(env_id).reward_threshold
+    except Exception:  # unknown ids, namespaces not registered
+        return None
+    return None if threshold is None else float(threshold)
+
+
+def _overridden(overrides: list[str], key: str) -> bool:
+    return any(item.split("=", 1)[0].strip() == key for item in overrides)
+
+
+def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
+    """``("discrete actions, vector observations", model settings)`` for one built env."""
+    if is_structured(env):
+        return "a structured env (spaces per step key)", {}
+    action = env.action_space
+    if isinstance(action, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        actions = "discrete actions"
+    elif isinstance(action, gym.spaces.Box):
+        actions = "continuous actions"
+    else:
+        actions = f"{type(action).__name__} actions"
+    obs = env.observation_space
+    image = isinstance(obs, gym.spaces.Box) and obs.dtype == np.uint8 and len(obs.shape) == 3
+    if not image:
+        return f"{actions}, vector observations", {}
+    c, h, w = obs.shape
+    if c > min(h, w):  # channels last: the CNNs read [C, H, W]
+        return (
+            f"{actions}, channels-last image observations {tuple(obs.shape)} (mlp encoder; "
+            "a channels-first env gets a CNN)",
+            {},
+        )
+    encoder = "nature_cnn" if min(h, w) >= NATURE_CNN_MIN_SIDE else "minatar_cnn"
+    return f"{actions}, image observations", {"encoder": encoder, "shared_torso": True}
+
+
+def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
+    """The config for ``overrides`` (which set ``env.id``) on defaults that fit the env, and
+    the console line saying what was chosen. Builds the env once to read its spaces."""
+    env_cfg = load_config(overrides=overrides).env
+    probe = EnvFactory(env_cfg.id, env_cfg.kwargs, env_cfg.max_episode_steps)()
+    try:
+        spaces, model = describe_spaces(probe)
+    finally:
+        probe.close()
+    threshold = reward_threshold(env_cfg.id)
+    base: dict[str, Any] = {
+        "target_return": threshold,
+        "max_env_steps": MAX_ENV_STEPS,
+        "algorithm": {
+            "patience": 0,
+            "rollout_evaluator": {"background": True, "max_time_share": EVAL_TIME_SHARE},
+        },
+        "model": model,
+    }
+    cfg = load_config(base=base, overrides=overrides)
+    if _overridden(overrides, "target_return"):
+        given = cfg.target_return
+        target = "no target_return (given)" if given is None else f"target_return {given:g} (given)"
+    elif threshold is not None:
+        target = f"target_return {threshold:g} from the env spec"
+    else:
+        target = "no target_return (the env spec has no reward_threshold)"
+    a, ev = cfg.algorithm, cfg.algorithm.rollout_evaluator
+    if ev.max_time_share is None:
+        evaluation = "evaluation every epoch"
+    else:
+        evaluation = f"evaluation at most {ev.max_time_share:.0%} of the time"
+    evaluation += " in the background" if ev.background else " in the pause"
+    line = (
+        f"no preset: defaults for {env_cfg.id} ({spaces}); {target}; {evaluation}; "
+        f"{cfg.model.encoder} encoder, lr {a.lr:g}, {cfg.runner.backend} backend, "
+        f"{a.num_actors} actors x {a.envs_per_actor} envs, unroll {a.n_rollout_steps}, "
+        f"max_env_steps {cfg.max_env_steps}"
+    )
+    return cfg, line
+
+
+def resolve_config(preset: Any, overrides: list[str] | None = None) -> RunConfig:
+    """``impala train [PRESET] [key=value ...]``'s config: the preset (a name or YAML path)
+    when given; else defaults for ``env.id`` (:func:`env_defaults`, said on the log); else the
+    ``cartpole`` preset."""
+    overrides = list(overrides or [])
+    if preset is not None:
+        return load_config(preset, overrides)
+    if not _overridden(overrides, "env.id"):
+        log.info("no preset and no env.id: the %s preset", DEFAULT_PRESET)
+        return load_config(DEFAULT_PRESET, overrides)
+    cfg, line = env_defaults(overrides)
+    log.info("%s", line)
+    return cfg

@@ -1,0 +1,196 @@
+"""``impala train env.id=ID`` without a preset: defaults that fit the env, said on the console,
+and evaluation kept to a share of the wall time (``rollout_evaluator.max_time_share``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+from impala_rl import checkpoint
+from impala_rl.config import ConfigError, list_presets, load_config
+from impala_rl.env_defaults import describe_spaces, resolve_config, reward_threshold
+from impala_rl.evaluation import EvaluationResult
+from impala_rl.plot import load_metrics
+from impala_rl.trainer import Trainer, evaluation_due
+from test_cli import _cmd, _env
+from test_trainer import FAST
+
+# -- the config ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env_id", "target"),
+    [
+        ("Acrobot-v1", -100.0),
+        ("MountainCar-v0", -110.0),
+        ("Pendulum-v1", None),
+        ("CartPole-v1", 475.0),
+    ],
+)
+def test_without_a_preset_target_return_follows_the_env_spec(env_id, target):
+    assert resolve_config(None, [f"env.id={env_id}"]).target_return == target
+
+
+def test_ids_without_a_spec_have_no_target():
+    assert reward_threshold("scripted_envs:make_env") is None  # a factory
+    assert reward_threshold("NoSuchEnv-v0") is None
+    cfg = resolve_config(None, ["env.id=scripted_envs:make_env"])
+    assert cfg.target_return is None
+
+
+@pytest.mark.parametrize(("given", "expected"), [("-50", -50.0), ("null", None), ("600", 600.0)])
+def test_an_explicit_target_return_wins(given, expected):
+    cfg = resolve_config(None, ["env.id=Acrobot-v1", f"target_return={given}"])
+    assert cfg.target_return == expected
+    # before or after env.id, and over any other setting the defaults choose
+    cfg = resolve_config(
+        None, [f"target_return={given}", "env.id=Acrobot-v1", "runner.backend=ray"]
+    )
+    assert cfg.target_return == expected and cfg.runner.backend == "ray"
+
+
+def test_no_preset_is_not_cartpoles_settings():
+    cfg = resolve_config(None, ["env.id=Acrobot-v1"])
+    cartpole = load_config("cartpole")
+    assert cfg.env.id == "Acrobot-v1"
+    assert cfg.runner.backend == "subprocess" != cartpole.runner.backend
+    assert cfg.algorithm.lr == 5e-4 != cartpole.algorithm.lr
+    ev = cfg.algorithm.rollout_evaluator
+    assert ev.background and ev.max_time_share == 0.1
+    assert cfg.algorithm.patience == 0 and cfg.max_env_steps == 1_000_000
+    assert cfg.model.encoder == "mlp"
+
+
+def test_presets_keep_their_evaluation_schedule():
+    """The presets evaluate as before: every epoch (cartpole in the pause, for its time to
+    solve); only runs without a preset share out their evaluation time."""
+    for preset in list_presets():
+        ev = load_config(preset).algorithm.rollout_evaluator
+        assert ev.max_time_share is None, preset
+    cartpole = load_config("cartpole")
+    assert not cartpole.algorithm.rollout_evaluator.background
+    assert cartpole.target_return == 475
+
+
+def test_neither_preset_nor_env_id_runs_the_cartpole_preset():
+    assert resolve_config(None, ["seed=3"]) == load_config("cartpole", ["seed=3"])
+    assert resolve_config("minatar", []) == load_config("minatar")
+
+
+def test_max_time_share_is_validated():
+    with pytest.raises(ConfigError, match="max_time_share"):
+        load_config(overrides=["algorithm.rollout_evaluator.max_time_share=0"])
+    with pytest.raises(ConfigError, match="max_time_share"):
+        load_config(overrides=["algorithm.rollout_evaluator.max_time_share=1.5"])
+
+
+def _env_with(obs: spaces.Space, action: spaces.Space) -> SimpleNamespace:
+    return SimpleNamespace(observation_space=obs, action_space=action)
+
+
+def test_spaces_choose_the_encoder():
+    vector = spaces.Box(-1, 1, (4,), np.float32)
+    text, model = describe_spaces(_env_with(vector, spaces.Box(-1, 1, (2,), np.float32)))
+    assert text == "continuous actions, vector observations" and model == {}
+    atari = spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    text, model = describe_spaces(_env_with(atari, spaces.Discrete(6)))
+    assert text == "discrete actions, image observations"
+    assert model == {"encoder": "nature_cnn", "shared_torso": True}
+    small = spaces.Box(0, 255, (4, 10, 10), np.uint8)
+    assert describe_spaces(_env_with(small, spaces.Discrete(3)))[1]["encoder"] == "minatar_cnn"
+    channels_last = spaces.Box(0, 255, (96, 96, 3), np.uint8)
+    text, model = describe_spaces(_env_with(channels_last, spaces.Discrete(5)))
+    assert "channels-last" in text and model == {}
+
+
+def test_minatar_without_a_preset_gets_a_cnn():
+    pytest.importorskip("minatar")
+    cfg = resolve_config(None, ["env.id=MinAtar/Breakout-v1"])
+    assert cfg.model.encoder == "minatar_cnn" and cfg.model.shared_torso
+    assert cfg.target_return is None
+
+
+# -- the evaluation schedule ---------------------------------------------------------------------
+
+
+def test_evaluation_due():
+    assert evaluation_due(None, 100.0, 10.0, 1.0)  # no share: every epoch
+    assert evaluation_due(0.1, 0.0, 0.0, 0.0)  # the first evaluation
+    assert not evaluation_due(0.1, 1.0, 1.0, 19.0)
+    assert evaluation_due(0.1, 1.0, 1.0, 20.0)
+
+
+EVAL_S = 0.3
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_max_time_share_bounds_the_evaluation_time(tmp_path, monkeypatch, background):
+    """Evaluations that cost far more than an epoch run only as often as the share allows; the
+    final weights are still evaluated and kept as best."""
+    evaluated: list[int] = []
+
+    def slow_evaluate(self, model, epoch):
+        time.sleep(EVAL_S)
+        evaluated.append(epoch)
+        return EvaluationResult([float(epoch)], [1])  # every result is a new best
+
+    monkeypatch.setattr(Trainer, "_evaluate", slow_evaluate)
+    overrides = [
+        *FAST,
+        "target_return=null",
+        "algorithm.epoch_length=1",
+        "algorithm.n_epochs=60",
+        "algorithm.rollout_evaluator.max_time_share=0.1",
+        f"algorithm.rollout_evaluator.background={str(background).lower()}",
+    ]
+    summary = Trainer(load_config("cartpole", overrides), run_dir=tmp_path).train()
+    assert summary["stopped_because"] == "n_epochs"
+    assert evaluated[0] == 1 and evaluated[-1] == 60  # the first and the final weights
+    assert len(evaluated) < 60 / 2
+    # within the share, but for the first evaluation and the final one
+    assert (len(evaluated) - 2) * EVAL_S <= 0.1 * summary["wall_time_s"] + EVAL_S
+    best = checkpoint.load(tmp_path / "checkpoints" / "best.pt")["counters"]
+    assert best["epoch"] == 60 and best["best_eval_return"] == 60.0
+
+
+def test_without_a_preset_the_cli_says_what_it_chose(tmp_path):
+    """stderr names the settings chosen; stdout is the summary JSON alone; the evaluation
+    (in the background) does not hold training up."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        _cmd(
+            "train",
+            "env.id=Acrobot-v1",
+            "max_env_steps=3000",
+            "algorithm.epoch_length=2",
+            "runner.backend=sequential",
+            "log.console=false",
+            "log.tensorboard=false",
+            "--run-dir",
+            str(run_dir),
+        ),
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["stopped_because"] == "max_env_steps"
+    assert summary["best_eval_return"] is not None
+    stderr = " ".join(proc.stderr.split())  # rich wraps long lines
+    assert (
+        "no preset: defaults for Acrobot-v1 (discrete actions, vector observations); "
+        "target_return -100 from the env spec; evaluation at most 10% of the time in the "
+        "background" in stderr
+    )
+    rows = load_metrics(run_dir)
+    paused = sum(r["time_evaluation"] for r in rows) / sum(r["time_epoch"] for r in rows)
+    assert paused < 0.1
