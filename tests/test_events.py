@@ -289,7 +289,7 @@ class ScriptedActors(SequentialDistributedActors):
 def test_scripted_queue_sizes_lag_and_drops_are_reduced_per_epoch(tmp_path, monkeypatch):
     made: list[ScriptedActors] = []
 
-    def make_scripted(cfg, env_factory, model, seed=None):
+    def make_scripted(cfg, env_factory, model, seed=None, device="cpu"):
         made.append(ScriptedActors(env_factory, model, cfg.algorithm, cfg.seed))
         return made[-1]
 

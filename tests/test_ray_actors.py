@@ -410,8 +410,8 @@ def _watch_actors(monkeypatch, on_returns: Callable) -> list:
     make = impala_rl.trainer.make_actors
     created: list = []
 
-    def make_and_watch(cfg, env_factory, model, seed=None):
-        actors = make(cfg, env_factory, model, seed=seed)
+    def make_and_watch(cfg, env_factory, model, seed=None, device="cpu"):
+        actors = make(cfg, env_factory, model, seed=seed, device=device)
         created.append(actors)
         feed = actors.recent_returns_since_last_call
 

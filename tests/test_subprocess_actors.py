@@ -660,8 +660,8 @@ def test_cartpole_learns_with_subprocess_actors(tmp_path, monkeypatch):
     make = impala_rl.trainer.make_actors
     recent: deque[float] = deque(maxlen=100)
 
-    def make_and_watch(cfg, env_factory, model, seed=None):
-        actors = make(cfg, env_factory, model, seed=seed)
+    def make_and_watch(cfg, env_factory, model, seed=None, device="cpu"):
+        actors = make(cfg, env_factory, model, seed=seed, device=device)
         feed = actors.recent_returns_since_last_call
 
         def watched() -> list[float]:

@@ -72,6 +72,7 @@ class EnvFactory:
         self.max_episode_steps = max_episode_steps
         self.vector = vector  # env.vector: auto | python | envpool
         self.check_env = False  # Gymnasium's env checker: only on the probe, off the hot path
+        self.structured: bool | None = None  # known once an env was built (travels pickled)
 
     def __call__(self) -> gym.Env:
         if ":" in self.env_id:
@@ -104,7 +105,8 @@ class EnvFactory:
                 raise EnvError(f"env.id {self.env_id!r}: {exc}") from None
             except TypeError as exc:
                 raise EnvError(f"env.kwargs for {self.env_id!r}: {exc}") from None
-        if is_structured(env):  # spaces per step key: the structured vector env converts them
+        self.structured = is_structured(env)
+        if self.structured:  # spaces per step key: the structured vector env converts them
             if self.max_episode_steps is not None:
                 raise EnvError(
                     f"env.max_episode_steps is not supported for the structured env "
@@ -254,10 +256,13 @@ def make_keyed_vector_env(factory: Callable[[], gym.Env], num_envs: int) -> Any:
     """``num_envs`` copies under the structured vector env's contract (who acts, per-key
     observations): a :class:`~impala_rl.envs.structured.StructuredVectorEnv` for a structured
     env, a plain one (:func:`make_vector_env`) as its one-key case,
-    :class:`~impala_rl.envs.structured.SingleKeyVectorEnv`. One env is built to tell which."""
-    probe = factory()
-    structured = is_structured(probe)
-    probe.close()
+    :class:`~impala_rl.envs.structured.SingleKeyVectorEnv`. An :class:`EnvFactory` that has
+    built an env knows which; else one env is built to tell."""
+    structured = getattr(factory, "structured", None)
+    if structured is None:
+        probe = factory()
+        structured = is_structured(probe)
+        probe.close()
     if structured:
         return StructuredVectorEnv([factory] * num_envs)
     return SingleKeyVectorEnv(make_vector_env(factory, num_envs))
