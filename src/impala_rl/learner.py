@@ -23,6 +23,7 @@ import torch
 from impala_rl import losses, vtrace
 from impala_rl.config import ImpalaAlgorithmConfig, check_num_minibatches, steps_per_batch
 from impala_rl.nn import Model
+from impala_rl.rollout import columns
 
 
 class NonFiniteError(FloatingPointError):
@@ -260,11 +261,11 @@ class Learner:
         if n == 1:
             yield batch
             return
-        columns = batch["first"].shape[1]
-        check_num_minibatches(self.cfg, columns)
-        order = torch.randperm(columns).to(batch["first"].device)
-        for idx in order.view(n, columns // n):
-            yield {k: (v[idx] if v.ndim == 1 else v[:, idx]) for k, v in batch.items()}
+        width = batch["first"].shape[1]
+        check_num_minibatches(self.cfg, width)
+        order = torch.randperm(width).to(batch["first"].device)
+        for idx in order.view(n, width // n):
+            yield columns(batch, idx)
 
     def sync_target(self, tau: float = 1.0) -> None:
         """Move the target network towards the trained one: ``target <- tau * trained + (1 -

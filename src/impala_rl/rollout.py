@@ -150,9 +150,15 @@ class RolloutSpec:
         return allocate_fields(shapes, share_memory)
 
 
+def columns(batch: dict[str, torch.Tensor], index: Any) -> dict[str, torch.Tensor]:
+    """Columns ``index`` (a slice: views; index tensor: copies) of every field: the batch axis
+    is 1, or 0 for ``[N]`` fields."""
+    return {k: (v[index] if v.ndim == 1 else v[:, index]) for k, v in batch.items()}
+
+
 def column_block(batch: dict[str, torch.Tensor], start: int, stop: int) -> dict[str, torch.Tensor]:
-    """Views of columns ``start:stop`` of every field (the batch axis is 1, or 0 for ``[N]``)."""
-    return {k: (v[start:stop] if v.ndim == 1 else v[:, start:stop]) for k, v in batch.items()}
+    """Views of columns ``start:stop`` of every field."""
+    return columns(batch, slice(start, stop))
 
 
 def torch_dtype(np_dtype: np.dtype) -> torch.dtype:

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from impala_rl.nn import Acted, Model
-from impala_rl.rollout import RolloutSpec
+from impala_rl.rollout import RolloutSpec, rollout_spec_for
 
 POLL_S = 0.05
 
@@ -71,10 +71,6 @@ def allocate_requests(spec: RolloutSpec, num_actors: int, rows: int) -> dict[str
     }
 
 
-def _key_field(buffers: dict[str, torch.Tensor], name: str, step_key: int) -> str:
-    return name if name in buffers else f"{name}_{step_key}"
-
-
 class CentralActing:
     """An actor's side of central inference: the actor loop's ``acting`` (see
     :class:`impala_rl.rollout.LocalActing`). ``buffers`` are this actor's rows of
@@ -85,6 +81,7 @@ class CentralActing:
         self.conn = conn
         self.buffers = buffers
         self.model = model
+        self.key_field = rollout_spec_for(model, None, 1, 1).key_field  # the slot's field names
         self._oldest: int | None = None
 
     def _call(self, kind: str, step_key: int, n: int) -> None:
@@ -102,9 +99,9 @@ class CentralActing:
         extra: torch.Tensor | None,
     ) -> int:
         b, n = self.buffers, obs.shape[0]
-        b[_key_field(b, "obs", step_key)][:n].copy_(obs)
+        b[self.key_field("obs", step_key)][:n].copy_(obs)
         if action_mask is not None:
-            b[_key_field(b, "action_mask", step_key)][:n].copy_(action_mask)
+            b[self.key_field("action_mask", step_key)][:n].copy_(action_mask)
         if first is not None:
             b["first"][:n].copy_(first)
         if core_state is not None:
@@ -126,7 +123,7 @@ class CentralActing:
         n = self._request(step_key, obs, action_mask, first, core_state, extra)
         self._call("act", step_key, n)
         b = self.buffers
-        action = b[_key_field(b, "action", step_key)][:n].clone()
+        action = b[self.key_field("action", step_key)][:n].clone()
         state = None
         if core_state is not None:
             state = (b["core_h"][:n].clone().unsqueeze(0), b["core_c"][:n].clone().unsqueeze(0))
@@ -165,6 +162,7 @@ class InferenceServer:
     ):
         self.device = torch.device(device)
         self.model = copy.deepcopy(model).to(self.device).eval()
+        self.key_field = rollout_spec_for(model, None, 1, 1).key_field  # the slot's field names
         self.buffers = buffers
         self.connections = connections
         self.version = 0
@@ -260,8 +258,8 @@ class InferenceServer:
 
     def _serve_group(self, kind: str, step_key: int, members: list[tuple[int, Any, int]]) -> None:
         model, b = self.model, self.buffers
-        obs = self._gather(_key_field(b, "obs", step_key), members)
-        mask_field = _key_field(b, "action_mask", step_key)
+        obs = self._gather(self.key_field("obs", step_key), members)
+        mask_field = self.key_field("action_mask", step_key)
         mask = self._gather(mask_field, members) if mask_field in b else None
         extra = self._gather("last_inputs", members) if model.use_last_action_reward else None
         state = None
@@ -274,7 +272,7 @@ class InferenceServer:
         first = self._gather("first", members) if model.core is not None else None
         dist, after = model.act(step_key, obs, mask, first, state, extra)
         action = dist.sample(self.generator)
-        self._scatter(_key_field(b, "action", step_key), members, action)
+        self._scatter(self.key_field("action", step_key), members, action)
         self._scatter("log_prob", members, dist.log_prob(action).float())
         if after is not None:
             self._scatter("core_h", members, after[0][0])

@@ -30,6 +30,7 @@ from impala_rl.nn.distributions import (
 )
 from impala_rl.nn.encoders import make_encoder
 from impala_rl.nn.init import VALUE_HEAD
+from impala_rl.nn.keyed import KeyedActorCritic
 from impala_rl.nn.normalization import RunningObsNorm
 from impala_rl.nn.popart import PopArtValueHead
 
@@ -58,7 +59,7 @@ def encode_actions(head: ActionHead, actions: Tensor) -> Tensor:
     raise ValueError(f"cannot encode actions of {type(head).__name__}")
 
 
-class ActorCritic(nn.Module):
+class ActorCritic(KeyedActorCritic):
     """Actor-critic over a ``Box`` observation: the one-step-key case of the keyed model
     interface (:class:`~impala_rl.nn.structured.StructuredActorCritic` has several keys).
 
@@ -158,22 +159,6 @@ class ActorCritic(nn.Module):
                     module.use_channels_last()
         self._register_load_state_dict_pre_hook(_renamed_action_head)
 
-    # -- properties ------------------------------------------------------------------------------
-    @property
-    def has_core(self) -> bool:
-        return self.core is not None
-
-    @property
-    def needs_inputs(self) -> bool:
-        """True when the model reads more than observations (a core or last action/reward)."""
-        return self.core is not None or self.use_last_action_reward
-
-    def initial_state(
-        self, batch_size: int, device: torch.device | str = "cpu"
-    ) -> CoreState | None:
-        """The core state at an episode start, ``(h, c)`` each ``[1, B, H]``; None: no core."""
-        return None if self.core is None else self.core.initial_state(batch_size, device)
-
     def action_head(self, step_key: int = 0) -> ActionHead:
         """The action head of step key ``step_key`` (the only one)."""
         return self.policy_head
@@ -213,16 +198,6 @@ class ActorCritic(nn.Module):
             return torch.autocast(self.value_head.weight.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _extra(self, extra: Tensor | None, obs: Tensor) -> Tensor | None:
-        """The last-decision inputs ``[*batch, A + 1]`` as the heads read them (reward
-        clipped); ``None`` for a model that does not read them."""
-        if not self.use_last_action_reward:
-            return None
-        if extra is None:
-            raise ValueError("use_last_action_reward needs the last inputs (extra=last_inputs)")
-        extra = extra.to(obs.device, torch.float32)
-        return torch.cat([extra[..., :-1], extra[..., -1:].clamp(-1.0, 1.0)], dim=-1)
-
     def _features(
         self, obs: Tensor, extra: Tensor | None, with_value: bool
     ) -> tuple[Tensor, Tensor | None]:
@@ -247,13 +222,6 @@ class ActorCritic(nn.Module):
         elif with_value:
             value_features = features
         return features, value_features
-
-    def _no_core(self, method: str) -> None:
-        if self.core is not None:
-            raise ValueError(
-                f"{method}() reads observations alone; a model with a core reads an agent's "
-                "decisions in order: act() one step, encode(), core and heads() a sequence"
-            )
 
     # -- the keyed interface -------------------------------------------------------------------
     def policy(
@@ -299,41 +267,26 @@ class ActorCritic(nn.Module):
         if self.core is None:
             _, value_features = self._features(obs, extra, with_value=True)
             return self.value_head(value_features).squeeze(-1)
-        if core_state is None:
-            raise ValueError("value() on a model with a core needs the agents' core_state")
-        y, _ = self.core(self.encode(step_key, obs, extra).unsqueeze(0), None, core_state)
-        return self.heads(step_key, y[0])[1]
+        return self._core_value(step_key, obs, extra, core_state)
 
     def encode(self, step_key: int, obs: Tensor, extra: Tensor | None = None) -> Tensor:
         """Torso features ``[*batch, F]`` (float32) followed by the last inputs when the model
         reads them: the core's input."""
         return self._features(obs, extra, with_value=False)[0]
 
+    def action_distribution(
+        self, step_key: int, features: Tensor, action_mask: Tensor | None = None
+    ) -> ActionDistribution:
+        """The action distribution for core outputs ``features [*batch, H]``."""
+        _no_mask(action_mask)
+        return self.policy_head(features)
+
     def heads(
         self, step_key: int, features: Tensor, action_mask: Tensor | None = None
     ) -> tuple[ActionDistribution, Tensor]:
         """Action distribution and value for core outputs ``features [*batch, H]``."""
-        _no_mask(action_mask)
-        return self.policy_head(features), self.value_head(features).squeeze(-1)
-
-    def act(
-        self,
-        step_key: int,
-        obs: Tensor,
-        action_mask: Tensor | None = None,
-        first: Tensor | None = None,
-        core_state: CoreState | None = None,
-        extra: Tensor | None = None,
-    ) -> tuple[ActionDistribution, CoreState | None]:
-        """One decision of ``B`` agents: ``obs [B, *obs_shape]``; with a core ``first [B]``
-        (the state resets there) and ``core_state`` ``(h, c)`` each ``[1, B, H]``. Returns the
-        action distribution and the core state after it (``None`` without a core)."""
-        if self.core is None:
-            return self.policy(step_key, obs, action_mask, extra), None
-        features = self.encode(step_key, obs, extra).unsqueeze(0)
-        first = None if first is None else first.reshape(1, -1)
-        y, state = self.core(features, first, core_state)
-        return self.heads(step_key, y[0], action_mask)[0], state
+        dist = self.action_distribution(step_key, features, action_mask)
+        return dist, self.value_head(features).squeeze(-1)
 
     def policy_parameters(self, step_key: int | None = None) -> list[nn.Parameter]:
         """Parameters the policy loss trains (the shared torso and the core included); the one

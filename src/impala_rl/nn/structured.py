@@ -28,6 +28,7 @@ from impala_rl.nn.distributions import (
 )
 from impala_rl.nn.encoders import MLPEncoder, make_encoder
 from impala_rl.nn.init import VALUE_HEAD
+from impala_rl.nn.keyed import KeyedActorCritic
 from impala_rl.nn.normalization import RunningObsNorm
 from impala_rl.nn.popart import PopArtValueHead
 
@@ -112,7 +113,7 @@ class ValueNet(nn.Module):
         return self.head(_with(_encode(self.torso, obs, self.precision), extra)).squeeze(-1)
 
 
-class StructuredActorCritic(nn.Module):
+class StructuredActorCritic(KeyedActorCritic):
     """Policies and critics for the step keys ``0..K-1`` of a structured env.
 
     ``shared_policy`` uses one policy network for every key (their observation and action
@@ -281,13 +282,6 @@ class StructuredActorCritic(nn.Module):
                 if module is not self and hasattr(module, "use_channels_last"):
                     module.use_channels_last()
 
-    def _no_core(self, method: str) -> None:
-        if self.core is not None:
-            raise ValueError(
-                f"{method}() reads one observation; a model with a core reads an agent's "
-                "decisions in order: act() one step, encode(), the core and heads() a sequence"
-            )
-
     def _policy_net(self, step_key: int) -> PolicyNet:
         return self.policies["0" if self.shared_policy else str(step_key)]  # type: ignore[return-value]
 
@@ -300,7 +294,8 @@ class StructuredActorCritic(nn.Module):
 
     def normalized(self, step_key: int, obs: Tensor) -> Tensor:
         """``obs`` as step key ``step_key``'s policy and critic read it (``normalize_obs``)."""
-        return obs if self.obs_norms is None else self.obs_norms[str(step_key)](obs)
+        norm = self.observation_normalizer(step_key)
+        return obs if norm is None else norm(obs)
 
     def popart_heads(self) -> dict[int, PopArtValueHead]:
         """The PopArt head of each critic key (empty without PopArt)."""
@@ -321,15 +316,6 @@ class StructuredActorCritic(nn.Module):
         out[:, start : start + features.shape[-1]] = features
         out[:, -1] = reward.float()
         return out
-
-    def _extra(self, extra: Tensor | None, obs: Tensor) -> Tensor | None:
-        """The last action/reward inputs as the heads read them (reward clipped)."""
-        if not self.use_last_action_reward:
-            return None
-        if extra is None:
-            raise ValueError("use_last_action_reward needs the last action/reward inputs")
-        extra = extra.to(obs.device, torch.float32)
-        return torch.cat([extra[..., :-1], extra[..., -1:].clamp(-1.0, 1.0)], dim=-1)
 
     def policy(
         self,
@@ -368,11 +354,7 @@ class StructuredActorCritic(nn.Module):
         from ``core_state`` (no reset): an agent's final observation at truncation.
         """
         if self.core is not None:
-            if core_state is None:
-                raise ValueError("value() on a model with a core needs the agents' core_state")
-            features = self.encode(step_key, obs, extra).unsqueeze(0)
-            y, _ = self.core(features, None, core_state)
-            return self.heads(step_key, y[0])[1]
+            return self._core_value(step_key, obs, extra, core_state)
         extra = self._extra(extra, obs)
         obs = self.normalized(step_key, obs)
         if self.critic_mode == "per_step_key":
@@ -386,21 +368,6 @@ class StructuredActorCritic(nn.Module):
         return self.critics["0"](torch.cat([padded, one_hot], dim=-1), extra)
 
     # -- the core: an agent's decisions as one sequence --------------------------------------
-    @property
-    def has_core(self) -> bool:
-        return self.core is not None
-
-    @property
-    def needs_inputs(self) -> bool:
-        """True when the model reads more than observations (a core or last action/reward)."""
-        return self.core is not None or self.use_last_action_reward
-
-    def initial_state(
-        self, batch_size: int, device: torch.device | str = "cpu"
-    ) -> CoreState | None:
-        """The core state at an episode start, ``(h, c)`` each ``[1, B, H]``; None: no core."""
-        return None if self.core is None else self.core.initial_state(batch_size, device)
-
     def encode(self, step_key: int, obs: Tensor, extra: Tensor | None = None) -> Tensor:
         """Step key ``step_key``'s encoder features ``[*batch, F]`` (float32), followed by the
         last action/reward inputs when the model reads them: the core's input."""
@@ -415,27 +382,13 @@ class StructuredActorCritic(nn.Module):
         ``features [*batch, H]``."""
         critic: ValueNet = self.critics[str(step_key)]  # type: ignore[assignment]
         value = critic.head(features).squeeze(-1)
-        return self._policy_net(step_key).head(features, action_mask), value
+        return self.action_distribution(step_key, features, action_mask), value
 
-    def act(
-        self,
-        step_key: int,
-        obs: Tensor,
-        action_mask: Tensor | None = None,
-        first: Tensor | None = None,
-        core_state: CoreState | None = None,
-        extra: Tensor | None = None,
-    ) -> tuple[ActionDistribution, CoreState | None]:
-        """One decision of ``B`` agents whose step key is ``step_key``: ``obs [B, *o_k]``;
-        with a core ``first [B]`` (the agent's first decision of an episode: the state resets)
-        and ``core_state`` the agents' states ``(h, c)`` each ``[1, B, H]``. Returns the action
-        distribution and the state after it (``None`` without a core)."""
-        if self.core is None:
-            return self.policy(step_key, obs, action_mask, extra), None
-        features = self.encode(step_key, obs, extra).unsqueeze(0)
-        first = None if first is None else first.reshape(1, -1)
-        y, state = self.core(features, first, core_state)
-        return self._policy_net(step_key).head(y[0], action_mask), state
+    def action_distribution(
+        self, step_key: int, features: Tensor, action_mask: Tensor | None = None
+    ) -> ActionDistribution:
+        """Step key ``step_key``'s action distribution for core outputs ``features [*batch, H]``."""
+        return self._policy_net(step_key).head(features, action_mask)
 
     def policy_parameters(self, step_key: int | None = None) -> list[nn.Parameter]:
         """Parameters of step key ``step_key``'s policy (all policies when ``None``); the core
