@@ -131,7 +131,13 @@ class ImpalaAlgorithmConfig:
     actors_batch_size: int = 2
     """Rollouts (one per actor unroll) gathered into one learner batch."""
     num_actors: int = 2
-    """Actors, each stepping a vector env of ``envs_per_actor`` environments."""
+    """Actors, each stepping a vector env of ``envs_per_actor`` environments (in all: with
+    ``num_learners`` > 1 each learner gets ``num_actors / num_learners`` of them)."""
+    num_learners: int = 1
+    """Data-parallel learner processes (rllte's and RLlib's name). Each takes batches of
+    ``actors_batch_size`` unrolls from its own actors; gradients are averaged before every
+    step, so all hold the same weights and a step sees ``num_learners * actors_batch_size``
+    unrolls. One GPU each where there are enough (``device: cuda``), else shared."""
     envs_per_actor: int = 8
     """Environments per actor; a batch has ``actors_batch_size * envs_per_actor`` columns."""
     vtrace_clip_rho_threshold: float | None = 1.0
@@ -290,6 +296,11 @@ class RunnerConfig:
     ray_resources_per_actor: dict[str, float] = field(default_factory=dict)
     """Ray backend: custom resources each actor reserves, e.g. ``{actor_node: 1}`` to place
     actors only on nodes started with ``--resources='{"actor_node": N}'``."""
+    ray_num_gpus_per_learner: float = 0.0
+    """Ray backend with ``algorithm.num_learners`` > 1: GPUs each further learner (a Ray
+    actor) reserves; learner 0 runs in the process that was started."""
+    ray_num_cpus_per_learner: float = 1.0
+    """Ray backend with ``algorithm.num_learners`` > 1: CPUs each further learner reserves."""
     ray_include_dashboard: bool = False
     """Ray backend: start the Ray dashboard (on 127.0.0.1) with a local Ray."""
 
@@ -546,6 +557,7 @@ RULES: dict[str, Rule] = {
     "algorithm.reward_clipping": one_of(REWARD_CLIPPING_MODES),
     "algorithm.max_policy_lag": at_least(0, integer=True, nullable=True),
     "algorithm.num_passes": at_least(1, integer=True),
+    "algorithm.num_learners": at_least(1, integer=True),
     "algorithm.num_minibatches": at_least(1, integer=True),
     "algorithm.policy_loss": one_of(POLICY_LOSSES),
     "algorithm.clip_param": above(0),
@@ -594,6 +606,8 @@ RULES: dict[str, Rule] = {
     ),
     "runner.ray_num_cpus_per_actor": at_least(0),
     "runner.ray_num_gpus_per_actor": at_least(0),
+    "runner.ray_num_gpus_per_learner": at_least(0),
+    "runner.ray_num_cpus_per_learner": at_least(0),
     "log.checkpoint_every_epochs": at_least(1, integer=True),
 }
 
@@ -682,6 +696,13 @@ def validate(cfg: RunConfig) -> None:
         )
     a = cfg.algorithm
     check_queue_out_of_sync_factor(a)
+    if a.num_actors % a.num_learners:
+        _refuse(
+            "algorithm.num_learners",
+            f"a divisor of algorithm.num_actors={a.num_actors} (each learner takes the "
+            "batches of as many actors)",
+            a.num_learners,
+        )
     if a.max_policy_lag is not None and a.max_policy_lag < steps_per_batch(a) - 1:
         steps = "num_passes" if a.num_minibatches == 1 else "num_passes * num_minibatches"
         _refuse(

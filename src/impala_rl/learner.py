@@ -22,6 +22,7 @@ import torch
 
 from impala_rl import losses, vtrace
 from impala_rl.config import ImpalaAlgorithmConfig, check_num_minibatches, steps_per_batch
+from impala_rl.distributed import LearnerGroup
 from impala_rl.nn import Model
 from impala_rl.rollout import columns
 
@@ -209,17 +210,21 @@ def forward_batch(model: Model, batch: dict[str, torch.Tensor]) -> TargetOutputs
     return TargetOutputs(log_prob, entropy, value)
 
 
-def update_observation_statistics(model: Model, batch: dict[str, torch.Tensor]) -> None:
+def update_observation_statistics(
+    model: Model, batch: dict[str, torch.Tensor], group: LearnerGroup | None = None
+) -> None:
     """Merge a batch's trained observations into ``normalize_obs``'s statistics: rows
-    0..T-1 (row T opens the next unroll, where it is trained), each step key's rows."""
+    0..T-1 (row T opens the next unroll, where it is trained), each step key's rows; with a
+    learner ``group``, every learner's rows."""
+    combine = group.combine_moments if group is not None else None
     for k in model.step_keys:
         norm = model.observation_normalizer(k)
         if norm is None:
             continue
         if "step_key" not in batch:
-            norm.update(batch["obs"][:-1])
+            norm.update(batch["obs"][:-1], combine)
         else:
-            norm.update(batch[f"obs_{k}"][:-1][batch["step_key"][:-1] == k])
+            norm.update(batch[f"obs_{k}"][:-1][batch["step_key"][:-1] == k], combine)
 
 
 def _rows(x: torch.Tensor, selection: torch.Tensor | None) -> torch.Tensor:
@@ -235,8 +240,11 @@ class Learner:
         model: Model,
         cfg: ImpalaAlgorithmConfig,
         device: torch.device | str = "cpu",
+        group: LearnerGroup | None = None,
     ):
         self.device = torch.device(device)
+        # Several learners: gradients and update statistics averaged over the group.
+        self.group = group
         self.model = model.to(self.device)
         self.cfg = cfg
         self.optimizer = make_optimizer(self.model, cfg)
@@ -245,6 +253,7 @@ class Learner:
         self._policy_params = {k: model.policy_parameters(k) for k in model.step_keys}
         self._critic_params = {c: model.critic_parameters(c) for c in model.critic_keys}
         self._popart = model.popart_heads()  # {critic key: PopArt head}
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
         self.target_model: Model | None = None  # appo: the policy the surrogate clips against
         if cfg.policy_loss == "appo":
             self.target_model = copy.deepcopy(self.model).requires_grad_(False)
@@ -309,7 +318,7 @@ class Learner:
         t0 = time.perf_counter()
         _check_observations(batch)
         if fresh:
-            update_observation_statistics(self.model, batch)
+            update_observation_statistics(self.model, batch, self.group)
         self.model.train()
         out = forward_batch(self.model, batch)
         target_log_prob = self._target_policy(batch)
@@ -424,11 +433,12 @@ class Learner:
         pg_advantages = vt.pg_advantages
         value_loss_scale: dict[int, torch.Tensor | float] = {c: 1.0 for c in critic_rows}
         popart_old = {}
+        all_sum = self.group.sum_tensor if self.group is not None else None
         for c, head in self._popart.items():
             rows = critic_rows[c]
-            if rows is not None and not bool(rows.any()):
+            if rows is not None and not bool(rows.any()) and all_sum is None:
                 continue
-            popart_old[c] = head.update_statistics(_rows(vt.vs, rows))
+            popart_old[c] = head.update_statistics(_rows(vt.vs, rows), all_sum)
             if rows is None:
                 pg_advantages = pg_advantages / head.sigma
             else:
@@ -493,6 +503,8 @@ class Learner:
         step. Returns the policy and critic gradient norms and the global one (pre-clip)."""
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
+        if self.group is not None:
+            self.group.average_gradients(self._params)
         for c, old in popart_old.items():  # after the backward: the graph holds the old layer
             self._popart[c].preserve_outputs(*old)
         policy_grad_norm = {k: _grad_norm(self._policy_params[k]) for k in pg_loss}

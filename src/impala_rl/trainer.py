@@ -12,11 +12,12 @@ import logging
 import os
 import random
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,15 @@ import torch
 from impala_rl import checkpoint
 from impala_rl.actors import CollectedOutputs, DistributedActors, make_actors
 from impala_rl.config import ConfigError, RunConfig, check_num_minibatches, to_dict, to_yaml
+from impala_rl.distributed import (
+    LearnerGroup,
+    LearnerGroupError,
+    PeerLearners,
+    Rendezvous,
+    learner_device,
+    make_store,
+    start_peer_learners,
+)
 from impala_rl.envs import EnvFactory, make_env_factory
 from impala_rl.evaluation import (
     BackgroundEvaluator,
@@ -79,9 +89,10 @@ def learner_threads(cfg: RunConfig) -> int:
         return cfg.runner.learner_threads
     cores = os.cpu_count() or 1
     local_ray = cfg.runner.backend == "ray" and cfg.runner.ray_address is None
+    learners = cfg.algorithm.num_learners  # several learners on one machine share the cores
     if cfg.runner.backend == "subprocess" or local_ray:  # actor processes share these cores
-        return max(1, cores - cfg.algorithm.num_actors)
-    return cores
+        return max(1, (cores - cfg.algorithm.num_actors) // learners)
+    return max(1, cores // learners) if cfg.runner.ray_address is None else cores
 
 
 def evaluation_due(share: float | None, spent_s: float, last_s: float, elapsed_s: float) -> bool:
@@ -129,16 +140,34 @@ def _stop_on_signals(flag: dict[str, bool]) -> Iterator[None]:
 
 
 class Trainer:
-    """Runs one training run as the config describes; :meth:`train` returns the summary."""
+    """Runs one training run as the config describes; :meth:`train` returns the summary.
 
-    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, resume: bool = False):
+    With ``algorithm.num_learners`` > 1 this is learner 0 (the leader): it starts the other
+    learners (``rank`` > 0, each a :class:`Trainer` of its own that writes nothing) and
+    makes every decision for the group (see :mod:`impala_rl.distributed`).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: str | Path | None = None,
+        resume: bool = False,
+        rank: int = 0,
+        rendezvous: Rendezvous | None = None,
+    ):
         self.cfg = cfg
         self._config_dict = to_dict(cfg)  # written into every checkpoint; converting costs ms
         self.run_dir = Path(run_dir or cfg.log.run_dir or default_run_dir(cfg))
         self.resume = resume
         self._restored_recent_returns: list[float] = []
         self.counters = Counters()
-        self.device = resolve_device(cfg.algorithm.device)
+        self.rank, self._rendezvous = rank, rendezvous
+        self.is_leader = rank == 0
+        self.device = learner_device(resolve_device(cfg.algorithm.device), rank)
+        self.group: LearnerGroup | None = None
+        self.peers: PeerLearners | None = None
+        self._wall_over = False  # several learners: the leader's max_wall_time_s verdict
+        self._unsent_returns: list[float] = []  # a further learner's, until the epoch's end
 
     # -- set-up --------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -176,7 +205,16 @@ class Trainer:
         self.checkpoint_dir = self.run_dir / "checkpoints"
         if self.resume:
             self._load_last()
-        else:
+        if not self.is_leader:  # same initial weights as the leader; its own random streams
+            seed_everything(int(np.random.SeedSequence([cfg.seed, self.rank]).generate_state(1)[0]))
+            self.recorder = EventRecorder()
+            self.run_events = self.recorder.interface(RunEvents)
+            self.impala_events = self.recorder.interface(ImpalaEvents)
+            self.aggregator = EpochStatsAggregator(self.recorder)
+            self.writers = []
+            self.console = None
+            return
+        if not self.resume:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.recorder = EventRecorder()
@@ -239,11 +277,70 @@ class Trainer:
 
     def _actor_seed(self) -> int:
         """The actors' seed: ``seed`` for a new run; on resume also the progress, so a resumed
-        run does not replay the first run's env and sampling streams."""
-        if self.counters.env_steps == 0:
+        run does not replay the first run's env and sampling streams; a further learner's
+        actors also draw from its rank."""
+        if self.counters.env_steps == 0 and self.rank == 0:
             return self.cfg.seed
-        seq = np.random.SeedSequence([self.cfg.seed, self.counters.env_steps])
+        entropy = [self.cfg.seed, self.counters.env_steps]
+        seq = np.random.SeedSequence(entropy + [self.rank] if self.rank else entropy)
         return int(seq.generate_state(1)[0])
+
+    def _actors_config(self) -> RunConfig:
+        """The config this learner's actors get: its share of ``num_actors``."""
+        alg = self.cfg.algorithm
+        if alg.num_learners == 1:
+            return self.cfg
+        share = replace(alg, num_actors=alg.num_actors // alg.num_learners)
+        return replace(self.cfg, algorithm=share)
+
+    # -- several learners ----------------------------------------------------------------------
+    def _join_group(self) -> None:
+        """Form the learner group (the leader first starts the others) and take the leader's
+        weights, so every learner starts from the same model."""
+        cfg, n = self.cfg, self.cfg.algorithm.num_learners
+        if self.is_leader:
+            host = "127.0.0.1"
+            on_ray = cfg.runner.backend == "ray"
+            if on_ray and cfg.runner.ray_address is not None:
+                import ray
+
+                host = ray.util.get_node_ip_address()
+            store = make_store(host, n)
+            rendezvous = Rendezvous(host, store.port, n)
+            run_dir, resume = str(self.run_dir), self.resume
+            self.peers = start_peer_learners(
+                run_peer_learner,
+                lambda rank: (cfg, run_dir, resume, rank, rendezvous),
+                n,
+                on_ray=on_ray,
+                ray_num_gpus=cfg.runner.ray_num_gpus_per_learner,
+                ray_num_cpus=cfg.runner.ray_num_cpus_per_learner,
+            )
+            self.peers.wait_joined(store)
+            self.group = LearnerGroup(
+                0, rendezvous, self.device, store, lambda: self.peers.describe_failure(store)
+            )
+        else:
+            assert self._rendezvous is not None
+            self.group = LearnerGroup(self.rank, self._rendezvous, self.device)
+        self.learner.group = self.group
+        self.group.broadcast_module(self.learner.model)
+        if self.learner.target_model is not None:
+            self.group.broadcast_module(self.learner.target_model)
+
+    def _gather_peer_events(self, actors: DistributedActors) -> None:
+        """At an epoch's end the leader takes the other learners' actor events and episode
+        returns, so its statistics cover every actor."""
+        assert self.group is not None
+        if self.is_leader:
+            gathered = self.group.gather_to_leader(None) or []
+            for values, returns in gathered[1:]:
+                actors.recorder.merge_raw({}, values)
+                self.recent_returns.extend(returns)
+            return
+        _, values = actors.recorder.drain()
+        self.group.gather_to_leader((dict(values), self._unsent_returns))
+        self._unsent_returns = []
 
     def _checkpoint_payload(self) -> dict[str, Any]:
         payload = {
@@ -281,8 +378,15 @@ class Trainer:
         self._stop_flag = {"stop": False, "in_step": False, "abort": False}
         stopped_because: str | None = None
         error: BaseException | None = None
+        several = cfg.algorithm.num_learners > 1
+        if several and not self.is_leader:  # its actors start from the leader's weights
+            self._join_group()
         actors = make_actors(
-            cfg, self.env_factory, self.learner.model, self._actor_seed(), self.device
+            self._actors_config(),
+            self.env_factory,
+            self.learner.model,
+            self._actor_seed(),
+            self.device,
         )
         actors.policy_version = self.learner.num_updates
         self.recent_returns: deque[float] = deque(self._restored_recent_returns, maxlen=100)
@@ -295,13 +399,19 @@ class Trainer:
         # last evaluation's length (a thread's, in the background)
         self._session_start = time.perf_counter()
         self._eval_time_s = self._last_eval_s = 0.0
-        if cfg.algorithm.rollout_evaluator.background:
+        if cfg.algorithm.rollout_evaluator.background and self.is_leader:
             self.evaluator = BackgroundEvaluator(self._timed_evaluate)
+        # a further learner follows the leader's stop decisions, not its own signals
+        signals = _stop_on_signals(self._stop_flag) if self.is_leader else nullcontext()
         try:
-            with _stop_on_signals(self._stop_flag):
+            with signals:
                 actors.start()
+                if several and self.is_leader:
+                    self._join_group()
                 while stopped_because is None:
                     stopped_because = self._run_epoch(actors)
+                    if not self.is_leader:
+                        continue
                     if stopped_because and stopped_because != "interrupted":
                         self._finish_background_evaluation(stopped_because)
                     c.wall_time_s = time.perf_counter() - self._start_wall
@@ -314,18 +424,37 @@ class Trainer:
             stopped_because, error = "error", exc
         except Exception as exc:  # e.g. actors failed: the model is fine, save it
             stopped_because, error = "error", exc
-            self._try_final_checkpoint()
+            if isinstance(exc, LearnerGroupError) or not self.is_leader:
+                pass  # a broken group: the weights may be one step apart; keep the last good
+            else:
+                self._try_final_checkpoint()
+            if self.group is not None and not self.is_leader:
+                self.group.report_error(f"{type(exc).__name__}: {exc}")
         finally:
             if self.evaluator is not None:
                 self.evaluator.cancel()
-            actors.stop()
-            for writer in self.writers:
-                writer.close()
+            try:  # the other learners first: their actors may need this learner's Ray
+                self._leave_group(error is not None or stopped_because == "interrupted")
+            finally:
+                actors.stop()
+                for writer in self.writers:
+                    writer.close()
         c.wall_time_s = time.perf_counter() - self._start_wall
         summary = self._write_summary(stopped_because or "error", self.recent_returns, error)
         if error is not None:
             raise error
         return summary
+
+    def _leave_group(self, failed: bool) -> None:
+        """Close this learner's part of the group; the leader then waits for the others to
+        finish their run and stop their actors (stopping those that do not), so that no
+        learner is left running."""
+        if self.group is not None and (failed or not self.is_leader):
+            self.group.close()  # after a failure, a learner blocked in a collective fails at once
+        if self.peers is not None:
+            self.peers.join(10.0 + 2 * self.cfg.runner.shutdown_timeout_s)
+        if self.group is not None:
+            self.group.close()
 
     def _run_epoch(self, actors: DistributedActors) -> str | None:
         """``epoch_length`` updates, then evaluation and statistics; returns a stop reason."""
@@ -340,13 +469,21 @@ class Trainer:
             stopped_because = self._budget_or_signal_stop()
             if stopped_because:
                 break
+        if self.group is not None:
+            self._gather_peer_events(actors)
         if stopped_because == "interrupted":  # stop soon: no evaluation
-            self._write_epoch_stats(actors, epoch_start, epoch_steps)
+            if self.is_leader:
+                self._write_epoch_stats(actors, epoch_start, epoch_steps)
             return stopped_because
         n_epochs = self.cfg.algorithm.n_epochs
         final = stopped_because is not None or 0 < n_epochs <= c.epoch
-        reason = self._end_epoch(actors, epoch_start, epoch_steps, final)
-        return stopped_because or reason or self._budget_or_signal_stop(signal_only=True)
+        reason = None
+        if self.is_leader:
+            reason = self._end_epoch(actors, epoch_start, epoch_steps, final)
+        reason = stopped_because or reason or self._budget_or_signal_stop(signal_only=True)
+        if self.group is not None:  # evaluation and signals are the leader's
+            reason = self.group.leader_decides(reason)
+        return reason
 
     def _update(
         self, actors: DistributedActors, train_policy: bool, epoch_start: float, epoch_steps: int
@@ -368,7 +505,10 @@ class Trainer:
                     )
                     actors.broadcast_updated_policy(self.learner.model.state_dict())
             c.updates = self.learner.num_updates
-            c.env_steps += collected.env_steps
+            env_steps = collected.env_steps
+            if self.group is not None:
+                env_steps = self._group_progress(env_steps)
+            c.env_steps += env_steps
             self._follow_schedules()
         t_end = time.perf_counter()
         for stats in passes[1:]:
@@ -377,18 +517,33 @@ class Trainer:
         if len(passes) > 1:  # the update's time is every pass's
             stats.timings = {k: sum(p.timings[k] for p in passes) for k in stats.timings}
         self._record_update(stats, collected, t_collected - t0, t_end - t0)
-        self.recent_returns.extend(actors.recent_returns_since_last_call())
+        returns = actors.recent_returns_since_last_call()
+        (self.recent_returns if self.is_leader else self._unsent_returns).extend(returns)
         c.wall_time_s = time.perf_counter() - self._start_wall
         if self.console is not None:
             recent = self.recent_returns
             self.console.on_update(
                 c.env_steps,
-                (epoch_steps + collected.env_steps) / max(1e-9, t_end - epoch_start),
+                (epoch_steps + env_steps) / max(1e-9, t_end - epoch_start),
                 float(np.mean(recent)) if recent else None,
                 float(np.mean(stats.policy_lag)),
                 c.epoch,
             )
-        return collected.env_steps
+        return env_steps
+
+    def _group_progress(self, env_steps: int) -> int:
+        """Every learner's env steps of this update, and the leader's stop flags (a signal,
+        ``max_wall_time_s``) on every learner."""
+        assert self.group is not None
+        stop = wall_over = 0.0
+        if self.is_leader:
+            stop = float(self._stop_flag["stop"])
+            limit = self.cfg.max_wall_time_s
+            wall_over = float(limit is not None and time.perf_counter() - self._start_wall >= limit)
+        total, stop, wall_over = self.group.control_sum([env_steps, stop, wall_over])
+        self._stop_flag["stop"] = self._stop_flag["stop"] or stop > 0
+        self._wall_over = wall_over > 0
+        return int(total)
 
     @contextmanager
     def _one_step(self) -> Iterator[None]:
@@ -408,7 +563,10 @@ class Trainer:
         if not signal_only:
             if cfg.max_env_steps is not None and c.env_steps >= cfg.max_env_steps:
                 return "max_env_steps"
-            if cfg.max_wall_time_s is not None and c.wall_time_s >= cfg.max_wall_time_s:
+            if self.group is not None:  # the leader's clock decides for every learner
+                if self._wall_over:
+                    return "max_wall_time_s"
+            elif cfg.max_wall_time_s is not None and c.wall_time_s >= cfg.max_wall_time_s:
                 return "max_wall_time_s"
         return "interrupted" if self._stop_flag["stop"] else None
 
@@ -608,6 +766,22 @@ class Trainer:
         }
         if error is not None:
             summary["error"] = f"{type(error).__name__}: {error}"
-        if self.run_dir.is_dir():
+        if self.is_leader and self.run_dir.is_dir():
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
+
+
+def run_peer_learner(
+    cfg: RunConfig, run_dir: str, resume: bool, rank: int, rendezvous: Rendezvous
+) -> None:
+    """A further learner's process (or Ray actor): its own actors, the leader's decisions.
+    Ctrl-C reaches the leader, which stops every learner at the same update; SIGTERM (the
+    leader stopping a learner that did not finish) unwinds it, so its actors are stopped."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    Trainer(cfg, run_dir=run_dir, resume=resume, rank=rank, rendezvous=rendezvous).train()
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)

@@ -181,7 +181,12 @@ class RayDistributedActors(DistributedActors):
         ray = self.ray
         if ray.is_initialized():
             return  # the caller's Ray: use it, leave it running
-        n = self.cfg.num_actors
+        # every learner's actors (cfg.num_actors is one learner's share), and the further
+        # learners' own reservations
+        n = self.cfg.num_actors * self.cfg.num_learners
+        learner_cpus = (self.cfg.num_learners - 1) * getattr(
+            self.runner, "ray_num_cpus_per_learner", 1.0
+        )
         kwargs: dict[str, Any] = {
             "log_to_driver": False,
             "configure_logging": False,
@@ -191,7 +196,7 @@ class RayDistributedActors(DistributedActors):
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             # One machine: advertise what the actors ask for, so that all of them fit.
             kwargs.update(
-                num_cpus=max(os.cpu_count() or 1, math.ceil(n * self.num_cpus)),
+                num_cpus=max(os.cpu_count() or 1, math.ceil(n * self.num_cpus + learner_cpus)),
                 resources={k: v * n for k, v in self.resources.items()},
                 _node_ip_address="127.0.0.1",
             )

@@ -7,10 +7,12 @@ statistics; only the learner updates them, from the observations of each trainin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
+
+Combine = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 
 
 class RunningObsNorm(nn.Module):
@@ -31,14 +33,24 @@ class RunningObsNorm(nn.Module):
         self.register_buffer("var", torch.ones(self.shape, dtype=torch.float64))
 
     @torch.no_grad()
-    def update(self, x: Tensor) -> None:
-        """Merge the statistics of ``x [*batch, *shape]`` into the running ones."""
+    def update(self, x: Tensor, combine: Combine | None = None) -> None:
+        """Merge the statistics of ``x [*batch, *shape]`` into the running ones.
+
+        ``combine`` (several learners) maps this batch's count, mean and variance to those
+        of every learner's batch together; every learner calls it, even with no rows."""
         x = x.detach().reshape(-1, *self.shape).to(self.mean.device, torch.float64)
         n = x.shape[0]
+        if combine is not None:
+            zeros = torch.zeros_like(self.mean)
+            batch_mean = x.mean(dim=0) if n else zeros
+            batch_var = x.var(dim=0, unbiased=False) if n else zeros
+            count, batch_mean, batch_var = combine(self.count.new_tensor(n), batch_mean, batch_var)
+            n = int(count)
+        elif n:
+            batch_mean = x.mean(dim=0)
+            batch_var = x.var(dim=0, unbiased=False)
         if n == 0:
             return
-        batch_mean = x.mean(dim=0)
-        batch_var = x.var(dim=0, unbiased=False)
         total = self.count + n
         delta = batch_mean - self.mean
         m2 = self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total

@@ -13,6 +13,8 @@ reward gives the same updates once the statistics have adapted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -42,13 +44,24 @@ class PopArtValueHead(nn.Module):
         return self.linear(x) * self.sigma + self.mu
 
     @torch.no_grad()
-    def update_statistics(self, targets: Tensor) -> tuple[Tensor, Tensor]:
+    def update_statistics(
+        self, targets: Tensor, all_sum: Callable[[Tensor], Tensor] | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Move ``mu``, ``nu`` by ``beta`` towards the moments of ``targets``; returns the old
-        ``(mu, sigma)`` for :meth:`preserve_outputs`."""
+        ``(mu, sigma)`` for :meth:`preserve_outputs`.
+
+        ``all_sum`` (several learners) sums a tensor over the learners: the moments are then
+        those of every learner's targets together (no move when none has any)."""
         old = (self.mu.clone(), self.sigma.clone())
         t = targets.detach().float()
-        self.mu.lerp_(t.mean(), self.beta)
-        self.nu.lerp_(t.pow(2).mean(), self.beta)
+        if all_sum is None:
+            self.mu.lerp_(t.mean(), self.beta)
+            self.nu.lerp_(t.pow(2).mean(), self.beta)
+            return old
+        sums = all_sum(torch.stack([t.sum(), t.pow(2).sum(), t.new_tensor(t.numel())]))
+        if sums[2] > 0:
+            self.mu.lerp_(sums[0] / sums[2], self.beta)
+            self.nu.lerp_(sums[1] / sums[2], self.beta)
         return old
 
     @torch.no_grad()

@@ -1,0 +1,362 @@
+"""Several learners: one ``torch.distributed`` group of data-parallel learner processes.
+
+Every learner takes its own batches from its own actors; before each optimizer step the
+gradients are averaged across the group (one all-reduce of a flat buffer), so every learner
+takes the same step and holds the same weights. The statistics the update moves besides the
+weights (``normalize_obs``'s running moments, PopArt's) are merged over every learner's rows,
+so they stay identical too. Learner 0 (the *leader*, the process the user started) owns the
+rendezvous (a ``TCPStore``), starts the others (:func:`start_peer_learners`: processes on
+one machine, Ray actors on a cluster), evaluates, writes events and checkpoints, and
+decides when the run stops; the others follow its decisions through :class:`LearnerGroup`.
+
+Gradients travel with NCCL when every learner has its own GPU, else with gloo (learners
+sharing one GPU copy the flat buffer to the host); control messages always use gloo.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import multiprocessing as mp
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+# Collectives wait this long for a peer (the first one waits for every learner to build its
+# model and start its actors); a learner that exits fails the next collective at once.
+GROUP_TIMEOUT_S = 600.0
+ERROR_KEY = "impala_rl/learner_error/{rank}"
+JOINED_KEY = "impala_rl/joined/{rank}"
+
+
+class LearnerGroupError(RuntimeError):
+    """A learner of the group failed (it exited, or its connection broke)."""
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the leader's store listens, and the group's size."""
+
+    host: str
+    port: int
+    world_size: int
+
+
+def group_backend(device: torch.device, world_size: int) -> str:
+    """``nccl`` when every learner gets a GPU of its own, else ``gloo``."""
+    if device.type == "cuda" and dist.is_nccl_available():
+        if torch.cuda.device_count() >= world_size:
+            return "nccl"
+    return "gloo"
+
+
+def learner_device(device: torch.device, rank: int) -> torch.device:
+    """Learner ``rank``'s device: ``cuda`` (no index) becomes ``cuda:rank`` modulo the GPUs
+    this process sees (learners share GPUs when there are fewer); other devices as given."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+    return device
+
+
+def make_store(host: str, world_size: int) -> dist.TCPStore:
+    """The leader's rendezvous store on a free port (``store.port``)."""
+    timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
+    return dist.TCPStore(host, 0, world_size, True, timeout, wait_for_workers=False)
+
+
+class LearnerGroup:
+    """One learner's handle on the group: gradient averaging, merged statistics, the
+    leader's decisions. ``rank`` 0 is the leader; ``store`` is the leader's own store (the
+    others connect to ``rendezvous``)."""
+
+    def __init__(
+        self,
+        rank: int,
+        rendezvous: Rendezvous,
+        device: torch.device,
+        store: dist.TCPStore | None = None,
+        describe_failure: Callable[[], str | None] | None = None,
+    ):
+        self.rank, self.world_size = rank, rendezvous.world_size
+        self.device = device
+        timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
+        if store is None:
+            store = dist.TCPStore(
+                rendezvous.host, rendezvous.port, rendezvous.world_size, False, timeout
+            )
+            store.set(JOINED_KEY.format(rank=rank), "1")
+        self.store = store
+        self.backend = group_backend(device, self.world_size)
+        if self.backend == "nccl":
+            torch.cuda.set_device(device)
+        dist.init_process_group(
+            self.backend, store=store, rank=rank, world_size=self.world_size, timeout=timeout
+        )
+        # Control messages (stop flags, events, decisions) stay on the host.
+        self._control = dist.new_group(backend="gloo") if self.backend == "nccl" else None
+        self._describe_failure = describe_failure
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def report_error(self, message: str) -> None:
+        """Leave this learner's error for the leader to name (best effort)."""
+        try:
+            self.store.set(ERROR_KEY.format(rank=self.rank), message[:2000])
+        except Exception:  # the leader (and its store) may be gone
+            pass
+
+    # -- collectives ---------------------------------------------------------------------------
+    def _collective(self, fn: Callable[[], Any]) -> Any:
+        """Run a collective; a broken group becomes a :class:`LearnerGroupError` that names
+        the learner that failed, where the leader can tell."""
+        try:
+            return fn()
+        except (RuntimeError, dist.DistBackendError) as exc:
+            detail = self._describe_failure() if self._describe_failure else None
+            raise LearnerGroupError(
+                detail or f"learner {self.rank}: the learner group broke ({exc})"
+            ) from exc
+
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum ``t`` over the learners in place (through the host for gloo on a GPU)."""
+        if t.is_cuda and self.backend == "gloo":
+            host = t.cpu()
+            self._collective(lambda: dist.all_reduce(host))
+            t.copy_(host)
+        else:
+            self._collective(lambda: dist.all_reduce(t))
+        return t
+
+    def average_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Replace every gradient with its mean over the learners, in one all-reduce.
+
+        A parameter without a gradient on this learner (a step key absent from its batch)
+        counts as zero; it keeps no gradient only where no learner has one, so every learner
+        gives the optimizer the same parameters."""
+        if not params:
+            return
+        device = params[0].device
+        parts = [
+            p.grad.reshape(-1).float() if p.grad is not None else torch.zeros(0, device=device)
+            for p in params
+        ]
+        has_grad = torch.tensor(
+            [float(p.grad is not None) for p in params], device=device, dtype=torch.float32
+        )
+        flat = torch.zeros(sum(p.numel() for p in params) + len(params), device=device)
+        offset = 0
+        for p, part in zip(params, parts, strict=True):
+            if part.numel():
+                flat[offset : offset + p.numel()] = part
+            offset += p.numel()
+        flat[offset:] = has_grad
+        self._all_reduce(flat)
+        flat[:offset].div_(self.world_size)
+        offset = 0
+        for i, p in enumerate(params):
+            if flat[flat.numel() - len(params) + i] > 0:
+                grad = flat[offset : offset + p.numel()].view_as(p).to(p.dtype)
+                if p.grad is None:
+                    p.grad = grad.clone()
+                else:
+                    p.grad.copy_(grad)
+            offset += p.numel()
+
+    def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over the learners (a new tensor)."""
+        return self._all_reduce(t.clone())
+
+    def combine_moments(
+        self, n: torch.Tensor, mean: torch.Tensor, var: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Count, mean and population variance of every learner's rows together, from each
+        learner's own (Chan et al.'s pairwise merge, in rank order, so all learners agree)."""
+        local = torch.cat([n.reshape(1).to(mean), mean.reshape(-1), var.reshape(-1)])
+        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        if local.is_cuda and self.backend == "gloo":
+            host = [g.cpu() for g in gathered]
+            self._collective(lambda: dist.all_gather(host, local.cpu()))
+            gathered = [h.to(local.device) for h in host]
+        else:
+            self._collective(lambda: dist.all_gather(gathered, local))
+        size = mean.numel()
+        total_n = torch.zeros((), dtype=local.dtype, device=local.device)
+        total_mean = torch.zeros_like(mean.reshape(-1))
+        total_m2 = torch.zeros_like(mean.reshape(-1))
+        for g in gathered:
+            gn, gmean, gvar = g[0], g[1 : 1 + size], g[1 + size :]
+            if gn <= 0:
+                continue
+            both = total_n + gn
+            delta = gmean - total_mean
+            total_m2 = total_m2 + gvar * gn + delta.pow(2) * total_n * gn / both
+            total_mean = total_mean + delta * gn / both
+            total_n = both
+        var_out = total_m2 / total_n if total_n > 0 else torch.zeros_like(total_m2)
+        return total_n, total_mean.view_as(mean), var_out.view_as(var)
+
+    def broadcast_module(self, module: torch.nn.Module) -> None:
+        """Every tensor of ``module``'s state (weights and buffers) from the leader."""
+        for t in module.state_dict().values():
+            self._broadcast_tensor(t)
+
+    def _broadcast_tensor(self, t: torch.Tensor) -> None:
+        if t.is_cuda and self.backend == "gloo":
+            host = t.cpu()
+            self._collective(lambda: dist.broadcast(host, src=0))
+            t.copy_(host)
+        else:
+            self._collective(lambda: dist.broadcast(t, src=0))
+
+    def leader_decides(self, value: Any) -> Any:
+        """The leader's ``value`` on every learner (others pass anything)."""
+        box = [value]
+        self._collective(lambda: dist.broadcast_object_list(box, src=0, group=self._control))
+        return box[0]
+
+    def gather_to_leader(self, value: Any) -> list[Any] | None:
+        """Every learner's ``value`` in rank order on the leader; ``None`` elsewhere."""
+        out: list[Any] | None = [None] * self.world_size if self.is_leader else None
+        self._collective(lambda: dist.gather_object(value, out, dst=0, group=self._control))
+        return out
+
+    def control_sum(self, values: Sequence[float]) -> list[float]:
+        """Small per-update numbers (env steps, the leader's stop flags) summed on the host."""
+        t = torch.tensor(list(values), dtype=torch.float64)
+        self._collective(lambda: dist.all_reduce(t, group=self._control))
+        return t.tolist()
+
+
+# -- starting the other learners ------------------------------------------------------------------
+
+
+class PeerLearners:
+    """The learners the leader started (ranks 1..N-1): liveness, failures, shutdown."""
+
+    def __init__(self, handles: list[Any], kind: str):
+        self.handles, self.kind = handles, kind
+
+    def exited(self) -> list[tuple[int, str]]:
+        """``(rank, how)`` for every learner that is no longer running."""
+        out = []
+        for rank, h in enumerate(self.handles, start=1):
+            if self.kind == "process":
+                if h.exitcode is not None:
+                    out.append((rank, f"pid {h.pid} exited with code {h.exitcode}"))
+            else:
+                import ray
+
+                ready, _ = ray.wait([h[1]], timeout=0)
+                if ready:
+                    try:
+                        ray.get(ready[0])
+                        out.append((rank, "its Ray actor returned early"))
+                    except Exception as exc:  # the actor died or raised
+                        out.append((rank, f"its Ray actor failed: {type(exc).__name__}"))
+        return out
+
+    def wait_joined(self, store: dist.TCPStore, timeout_s: float = GROUP_TIMEOUT_S) -> None:
+        """Wait until every learner has reached the rendezvous; a learner that fails on its
+        way there (a bad env, no GPU) stops the wait with its error instead of a timeout."""
+        keys = [JOINED_KEY.format(rank=r) for r in range(1, len(self.handles) + 1)]
+        deadline = time.monotonic() + timeout_s
+        while not store.check(keys):
+            if self.exited():
+                raise LearnerGroupError(self.describe_failure(store) or "a learner exited")
+            if time.monotonic() > deadline:
+                raise LearnerGroupError(f"the learners did not start within {timeout_s:g} s")
+            time.sleep(0.05)
+
+    def describe_failure(self, store: dist.TCPStore, wait_s: float = 10.0) -> str | None:
+        """Which learners exited, and the error each left in the store (``None`` if every
+        learner still runs after ``wait_s``)."""
+        deadline = time.monotonic() + wait_s
+        while not (exited := self.exited()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not exited:
+            return None
+        parts = []
+        for rank, how in exited:
+            key, error = ERROR_KEY.format(rank=rank), None
+            try:
+                if store.check([key]):
+                    error = store.get(key).decode(errors="replace")
+            except Exception:
+                pass
+            parts.append(f"learner {rank} ({how}): {error or 'no error reported (killed?)'}")
+        return "; ".join(parts)
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for every learner to finish its run; stop those still running after
+        ``timeout_s`` (terminate, then kill), so that none is left."""
+        deadline = time.monotonic() + timeout_s
+        if self.kind == "process":
+            for h in self.handles:
+                h.join(max(0.0, deadline - time.monotonic()))
+            for h in self.handles:
+                if h.is_alive():
+                    h.terminate()
+                    h.join(5.0)
+                if h.is_alive():
+                    h.kill()
+                    h.join()
+            return
+        import ray
+
+        refs = [ref for _, ref in self.handles]
+        ray.wait(refs, num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
+        for actor, _ in self.handles:
+            try:
+                ray.kill(actor)
+            except Exception:
+                pass
+
+
+def start_peer_learners(
+    target: Callable[..., None],
+    args_of: Callable[[int], tuple],
+    world_size: int,
+    on_ray: bool = False,
+    ray_num_gpus: float = 0.0,
+    ray_num_cpus: float = 1.0,
+) -> PeerLearners:
+    """Start learners 1..world_size-1 running ``target(*args_of(rank))``: processes on this
+    machine (spawned: a learner starts its own actor processes), or Ray actors placed with
+    their GPUs on the running Ray cluster."""
+    if on_ray:
+        import ray
+
+        remote = ray.remote(num_cpus=ray_num_cpus, num_gpus=ray_num_gpus, max_restarts=0)(
+            _RayLearner
+        )
+        handles = []
+        for rank in range(1, world_size):
+            actor = remote.options(name=None).remote()
+            handles.append((actor, actor.run.remote(target, args_of(rank))))
+        return PeerLearners(handles, "ray")
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(1, world_size):
+        p = ctx.Process(target=target, args=args_of(rank), name=f"impala-learner-{rank}")
+        p.start()
+        procs.append(p)
+    return PeerLearners(procs, "process")
+
+
+class _RayLearner:
+    """A Ray actor that runs one learner."""
+
+    def run(self, target: Callable[..., None], args: tuple) -> None:
+        target(*args)
