@@ -210,8 +210,14 @@ def _process_group(pgid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, signum):
+@pytest.mark.parametrize(
+    ("signum", "learners"),
+    [(signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGINT, 2)],
+    ids=["SIGINT", "SIGTERM", "SIGINT-2-learners"],
+)
+def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, signum, learners):
+    """The signal reaches the process started (learner 0); with two learners it stops both
+    at the same update, and nothing either of them started outlives the run."""
     run_dir = tmp_path / "run"
     last = run_dir / "checkpoints" / "last.pt"
     proc = subprocess.Popen(
@@ -223,6 +229,7 @@ def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, signum):
             "target_return=null",
             "max_env_steps=1000000000",
             "algorithm.epoch_length=2",
+            f"algorithm.num_learners={learners}",
             *QUIET,
         ),
         cwd=tmp_path,
