@@ -14,7 +14,13 @@ from gymnasium import spaces
 
 from impala_rl import checkpoint
 from impala_rl.config import ConfigError, list_presets, load_config
-from impala_rl.env_defaults import describe_spaces, resolve_config, reward_threshold
+from impala_rl.env_defaults import (
+    FAMILY_PRESETS,
+    describe_spaces,
+    env_family,
+    resolve_config,
+    reward_threshold,
+)
 from impala_rl.evaluation import EvaluationResult
 from impala_rl.plot import load_metrics
 from impala_rl.trainer import Trainer, evaluation_due
@@ -56,9 +62,9 @@ def test_an_explicit_target_return_wins(given, expected):
 
 
 def test_no_preset_is_not_cartpoles_settings():
-    cfg = resolve_config(None, ["env.id=Acrobot-v1"])
+    cfg = resolve_config(None, ["env.id=scripted_envs:make_env"])
     cartpole = load_config("cartpole")
-    assert cfg.env.id == "Acrobot-v1"
+    assert cfg.env.id == "scripted_envs:make_env"
     assert cfg.runner.backend == "subprocess" != cartpole.runner.backend
     assert cfg.algorithm.lr == 5e-4 != cartpole.algorithm.lr
     ev = cfg.algorithm.rollout_evaluator
@@ -67,12 +73,38 @@ def test_no_preset_is_not_cartpoles_settings():
     assert cfg.model.encoder == "mlp"
 
 
+@pytest.mark.parametrize(
+    ("env_id", "family"),
+    [
+        ("Acrobot-v1", "classic_control"),
+        ("Pendulum-v1", "classic_control"),
+        ("LunarLander-v3", "box2d"),
+        ("HalfCheetah-v5", "mujoco"),
+        ("ALE/Pong-v5", None),
+        ("scripted_envs:make_env", None),
+        ("NoSuchEnv-v0", None),
+    ],
+)
+def test_an_env_of_a_known_family_gets_its_preset(env_id, family):
+    assert env_family(env_id) == family
+    if family is None or env_id.startswith("ALE"):
+        return
+    cfg = resolve_config(None, [f"env.id={env_id}"])
+    preset = load_config(family)
+    assert cfg.env.id == env_id and cfg.algorithm == preset.algorithm and cfg.model == preset.model
+    assert cfg.target_return == reward_threshold(env_id)  # the env's, not the preset's env's
+
+
 def test_presets_keep_their_evaluation_schedule():
     """The presets evaluate as before: every epoch (cartpole in the pause, for its time to
-    solve); only runs without a preset share out their evaluation time."""
+    solve); only runs without a preset, and the family presets chosen for them, share out
+    their evaluation time."""
     for preset in list_presets():
         ev = load_config(preset).algorithm.rollout_evaluator
-        assert ev.max_time_share is None, preset
+        if preset in FAMILY_PRESETS:
+            assert ev.background and ev.max_time_share == 0.1, preset
+        else:
+            assert ev.max_time_share is None, preset
     cartpole = load_config("cartpole")
     assert not cartpole.algorithm.rollout_evaluator.background
     assert cartpole.target_return == 475
@@ -166,7 +198,7 @@ def test_without_a_preset_the_cli_says_what_it_chose(tmp_path):
     proc = subprocess.run(
         _cmd(
             "train",
-            "env.id=Acrobot-v1",
+            "env.id=scripted_envs:make_env",
             "max_env_steps=3000",
             "algorithm.epoch_length=2",
             "runner.backend=sequential",
@@ -187,9 +219,9 @@ def test_without_a_preset_the_cli_says_what_it_chose(tmp_path):
     assert summary["best_eval_return"] is not None
     stderr = " ".join(proc.stderr.split())  # rich wraps long lines
     assert (
-        "no preset: defaults for Acrobot-v1 (discrete actions, vector observations); "
-        "target_return -100 from the env spec; evaluation at most 10% of the time in the "
-        "background" in stderr
+        "no preset: defaults for scripted_envs:make_env (discrete actions, vector "
+        "observations); no target_return (the env spec has no reward_threshold); evaluation "
+        "at most 10% of the time in the background" in stderr
     )
     rows = load_metrics(run_dir)
     paused = sum(r["time_evaluation"] for r in rows) / sum(r["time_epoch"] for r in rows)

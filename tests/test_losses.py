@@ -191,3 +191,53 @@ def test_clip_rewards_unknown_mode():
     assert "'tanh'" in message
     for mode in losses.REWARD_CLIPPING_MODES:
         assert mode in message
+
+
+def test_normalize_advantages_matches_a_reference():
+    gen = torch.Generator().manual_seed(3)
+    adv = 5.0 + 3.0 * torch.randn(6, 4, generator=gen, dtype=torch.float64)
+    values = adv.flatten().tolist()
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    expected = torch.tensor([(v - mean) / (std + 1e-8) for v in values], dtype=torch.float64)
+    torch.testing.assert_close(losses.normalize_advantages(adv).flatten(), expected)
+    assert losses.normalize_advantages(torch.tensor([[2.5]])).item() == 0.0
+
+
+def test_the_learner_normalizes_advantages_when_asked(monkeypatch):
+    """``algorithm.normalize_advantages``: the policy loss sees advantages of mean 0, std 1."""
+    import gymnasium as gym
+
+    from impala_rl.config import ImpalaAlgorithmConfig, ModelConfig
+    from impala_rl.learner import Learner
+    from impala_rl.nn.factory import build_model
+
+    seen = []
+    pg = losses.policy_gradient_loss
+
+    def recording(log_probs, advantages):
+        seen.append(advantages.detach().clone())
+        return pg(log_probs, advantages)
+
+    monkeypatch.setattr(losses, "policy_gradient_loss", recording)
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(hidden_sizes=[8]), gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2)
+    )
+    T, B = 5, 4
+    batch = {
+        "obs": torch.randn(T + 1, B, 3),
+        "first": torch.zeros(T + 1, B, dtype=torch.bool),
+        "action": torch.randint(0, 2, (T + 1, B)),
+        "behaviour_log_prob": torch.full((T, B), math.log(0.5)),
+        "reward": 10.0 + torch.randn(T, B),
+        "terminated": torch.zeros(T, B, dtype=torch.bool),
+        "truncated": torch.zeros(T, B, dtype=torch.bool),
+        "truncation_value": torch.zeros(T, B),
+        "policy_version": torch.zeros(B, dtype=torch.int64),
+    }
+    for flag in (False, True):
+        Learner(model, ImpalaAlgorithmConfig(normalize_advantages=flag)).update(batch)
+    plain, normalized = seen
+    assert plain.mean() > 1.0  # rewards of ~10: large positive advantages
+    assert abs(normalized.mean().item()) < 1e-6 and normalized.std().item() == pytest.approx(1.0)

@@ -168,6 +168,9 @@ class ImpalaAlgorithmConfig:
     trained) gives V-trace's importance weights (``rho = pi_target / mu``), and the policy loss
     is PPO's clipped surrogate with the ratio ``pi / pi_target`` on V-trace's advantages, so
     passes and minibatches can reuse a batch safely. There is no KL penalty."""
+    normalize_advantages: bool = False
+    """Centre and scale the policy-gradient advantages of each optimizer step's batch (or
+    minibatch) to mean 0 and standard deviation 1, as PPO implementations do."""
     clip_param: float = 0.4
     """``appo``: the surrogate's ratio is clipped to ``[1 - clip_param, 1 + clip_param]``
     (RLlib's APPO default 0.4)."""

@@ -70,6 +70,19 @@ def make_store(host: str, world_size: int) -> dist.TCPStore:
     return dist.TCPStore(host, 0, world_size, True, timeout, wait_for_workers=False)
 
 
+def report_error(rendezvous: Rendezvous, rank: int, message: str) -> None:
+    """Leave learner ``rank``'s error in the leader's store for the leader to name (best
+    effort: the leader may be gone)."""
+    try:
+        timeout = datetime.timedelta(seconds=5)
+        store = dist.TCPStore(
+            rendezvous.host, rendezvous.port, rendezvous.world_size, False, timeout
+        )
+        store.set(ERROR_KEY.format(rank=rank), message[:2000])
+    except Exception:
+        pass
+
+
 class LearnerGroup:
     """One learner's handle on the group: gradient averaging, merged statistics, the
     leader's decisions. ``rank`` 0 is the leader; ``store`` is the leader's own store (the
@@ -109,13 +122,6 @@ class LearnerGroup:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-    def report_error(self, message: str) -> None:
-        """Leave this learner's error for the leader to name (best effort)."""
-        try:
-            self.store.set(ERROR_KEY.format(rank=self.rank), message[:2000])
-        except Exception:  # the leader (and its store) may be gone
-            pass
 
     # -- collectives ---------------------------------------------------------------------------
     def _collective(self, fn: Callable[[], Any]) -> Any:

@@ -1,6 +1,8 @@
 """What ``impala train env.id=ID`` runs without a preset: defaults that fit the env.
 
-The config's own defaults, plus a few settings chosen for the env:
+An env of a Gymnasium family with a preset (``classic_control``, ``box2d``, ``mujoco``: the
+family is the package of the env's entry point) runs that preset; any other env the config's
+own defaults. On top, a few settings chosen for the env:
 
 - ``target_return``: the env's Gymnasium ``spec.reward_threshold`` where it defines one, else
   ``null`` (no early stop), never another env's target;
@@ -31,6 +33,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PRESET = "cartpole"
 """What runs with neither a preset nor ``env.id``."""
+FAMILY_PRESETS = ("classic_control", "box2d", "mujoco")
+"""Gymnasium's env families (``gymnasium.envs.<family>``) with a preset of the same name."""
 MAX_ENV_STEPS = 1_000_000
 EVAL_TIME_SHARE = 0.1
 NATURE_CNN_MIN_SIDE = 36  # 8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave >= 1 pixel
@@ -46,6 +50,20 @@ def reward_threshold(env_id: str) -> float | None:
     except Exception:  # unknown ids, namespaces not registered
         return None
     return None if threshold is None else float(threshold)
+
+
+def env_family(env_id: str) -> str | None:
+    """The Gymnasium family of a registered id (``classic_control`` for ``Pendulum-v1``:
+    the package under ``gymnasium.envs`` of its entry point); None for anything else."""
+    if ":" in env_id:
+        return None
+    try:
+        entry = gym.spec(env_id).entry_point
+    except Exception:  # unknown ids, namespaces not registered
+        return None
+    if not isinstance(entry, str) or not entry.startswith("gymnasium.envs."):
+        return None
+    return entry.split(":", 1)[0].split(".")[2]
 
 
 def _overridden(overrides: list[str], key: str) -> bool:
@@ -88,16 +106,18 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     finally:
         probe.close()
     threshold = reward_threshold(env_cfg.id)
-    base: dict[str, Any] = {
-        "target_return": threshold,
-        "max_env_steps": MAX_ENV_STEPS,
-        "algorithm": {
-            "patience": 0,
-            "rollout_evaluator": {"background": True, "max_time_share": EVAL_TIME_SHARE},
-        },
-        "model": model,
-    }
-    cfg = load_config(base=base, overrides=overrides)
+    family = env_family(env_cfg.id)
+    preset = family if family in FAMILY_PRESETS else None
+    derived = [f"target_return={'null' if threshold is None else threshold}"]
+    derived += [f"model.{key}={value}" for key, value in model.items()]
+    if preset is None:  # a family preset sets these itself
+        derived += [
+            f"max_env_steps={MAX_ENV_STEPS}",
+            "algorithm.patience=0",
+            "algorithm.rollout_evaluator.background=true",
+            f"algorithm.rollout_evaluator.max_time_share={EVAL_TIME_SHARE}",
+        ]
+    cfg = load_config(preset, [*derived, *overrides])
     if _overridden(overrides, "target_return"):
         given = cfg.target_return
         target = "no target_return (given)" if given is None else f"target_return {given:g} (given)"
@@ -111,8 +131,9 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     else:
         evaluation = f"evaluation at most {ev.max_time_share:.0%} of the time"
     evaluation += " in the background" if ev.background else " in the pause"
+    chosen = f"the {preset} preset" if preset else "no preset: defaults"
     line = (
-        f"no preset: defaults for {env_cfg.id} ({spaces}); {target}; {evaluation}; "
+        f"{chosen} for {env_cfg.id} ({spaces}); {target}; {evaluation}; "
         f"{cfg.model.encoder} encoder, lr {a.lr:g}, {cfg.runner.backend} backend, "
         f"{a.num_actors} actors x {a.envs_per_actor} envs, unroll {a.n_rollout_steps}, "
         f"max_env_steps {cfg.max_env_steps}"

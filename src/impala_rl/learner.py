@@ -326,6 +326,8 @@ class Learner:
         vt = self._targets(batch, out, target_log_prob)
         rows_of, critic_rows = self._key_rows(batch)
         pg_advantages, value_loss_scale, popart_old = self._popart_step(vt, critic_rows)
+        if self.cfg.normalize_advantages:
+            pg_advantages = losses.normalize_advantages(pg_advantages)
         pg_loss, ent_loss, value_loss, total = self._losses(
             out,
             vt,

@@ -17,6 +17,7 @@ __all__ = [
     "clip_rewards",
     "clipped_surrogate_loss",
     "entropy_loss",
+    "normalize_advantages",
     "policy_gradient_loss",
 ]
 
@@ -111,3 +112,13 @@ def clip_rewards(rewards: torch.Tensor, mode: str) -> torch.Tensor:
     raise ValueError(
         f"unknown reward clipping mode {mode!r}; valid modes are {', '.join(REWARD_CLIPPING_MODES)}"
     )
+
+
+def normalize_advantages(advantages: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(A - mean(A)) / (std(A) + eps)`` over every entry of ``advantages [T, B]`` (PPO's
+    per-minibatch normalization, as Stable-Baselines3 and CleanRL compute it: the sample
+    standard deviation). A single entry is only centred."""
+    centred = advantages - advantages.mean()
+    if advantages.numel() < 2:
+        return centred
+    return centred / (advantages.std() + eps)

@@ -34,6 +34,7 @@ from impala_rl.distributed import (
     Rendezvous,
     learner_device,
     make_store,
+    report_error,
     start_peer_learners,
 )
 from impala_rl.envs import EnvFactory, make_env_factory
@@ -428,8 +429,6 @@ class Trainer:
                 pass  # a broken group: the weights may be one step apart; keep the last good
             else:
                 self._try_final_checkpoint()
-            if self.group is not None and not self.is_leader:
-                self.group.report_error(f"{type(exc).__name__}: {exc}")
         finally:
             if self.evaluator is not None:
                 self.evaluator.cancel()
@@ -780,7 +779,11 @@ def run_peer_learner(
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    Trainer(cfg, run_dir=run_dir, resume=resume, rank=rank, rendezvous=rendezvous).train()
+    try:
+        Trainer(cfg, run_dir=run_dir, resume=resume, rank=rank, rendezvous=rendezvous).train()
+    except BaseException as exc:  # for the leader's error message; the traceback goes on
+        report_error(rendezvous, rank, f"{type(exc).__name__}: {exc}")
+        raise
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
