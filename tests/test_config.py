@@ -494,3 +494,17 @@ def test_model_knobs_that_cannot_apply_are_refused_by_name(overrides, field):
 def test_max_policy_lag_below_the_extra_passes_is_refused():
     with pytest.raises(ConfigError, match=r"algorithm\.max_policy_lag.*num_passes - 1 = 2"):
         load_config("cartpole", ["algorithm.num_passes=3", "algorithm.max_policy_lag=1"])
+
+
+def test_a_config_file_can_start_from_a_preset(tmp_path):
+    """``base: PRESET`` in a YAML: the preset's settings, then the file's."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("base: cartpole\nalgorithm:\n  lr: 0.001\n")
+    cfg, cartpole = load_config(str(path)), load_config("cartpole")
+    assert cfg.algorithm.lr == 0.001 and cartpole.algorithm.lr != 0.001
+    assert cfg.algorithm.num_actors == cartpole.algorithm.num_actors
+    assert cfg.runner.backend == cartpole.runner.backend == "sequential"
+    loop = tmp_path / "loop.yaml"
+    loop.write_text(f"base: {loop}\n")
+    with pytest.raises(ConfigError, match="refers back to itself"):
+        load_config(str(loop))

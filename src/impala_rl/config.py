@@ -368,6 +368,22 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
 
 
+def _preset_layers(preset: str, seen: tuple[str, ...] = ()) -> list[Any]:
+    """A preset's YAML, after the layers of the preset its ``base:`` key names (a family
+    preset that changes a few settings of another)."""
+    path = _preset_path(preset)
+    try:
+        layer = OmegaConf.load(path)
+    except Exception as exc:  # YAML syntax errors
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from None
+    base = layer.pop("base", None) if isinstance(layer, DictConfig) else None
+    if base is None:
+        return [layer]
+    if str(base) in seen or str(base) == preset:
+        raise ConfigError(f"config file {str(path)!r}: base {base!r} refers back to itself")
+    return [*_preset_layers(str(base), (*seen, preset)), layer]
+
+
 def _preset_path(preset: str) -> Path:
     path = Path(preset)
     if path.suffix in (".yaml", ".yml") or path.exists():
@@ -424,11 +440,7 @@ def load_config(
     if base is not None:
         layers.append((OmegaConf.create(base) if isinstance(base, dict) else base, None))
     if preset is not None:
-        path = _preset_path(str(preset))
-        try:
-            layers.append((OmegaConf.load(path), None))
-        except Exception as exc:  # YAML syntax errors
-            raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from None
+        layers += [(layer, None) for layer in _preset_layers(str(preset))]
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(
