@@ -467,3 +467,21 @@ def test_background_evaluation_of_the_real_evaluator_learns_cartpole_budget(tmp_
     assert summary["stopped_because"] in ("n_epochs", "target_return")
     assert summary["last_eval_return"] is not None and summary["best_eval_return"] is not None
     checkpoint.load(tmp_path / "checkpoints" / "best.pt")
+
+
+def test_a_run_directory_in_use_is_refused(tmp_path):
+    """A second training process in a run directory (e.g. a resume started while the run still
+    goes) is refused before it writes anything: it would interleave metrics and checkpoints."""
+    import fcntl
+
+    from impala_rl.config import load_config
+    from impala_rl.rundir import RunDirError
+    from impala_rl.trainer import Trainer
+
+    tmp_path.mkdir(exist_ok=True)
+    with open(tmp_path / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        cfg = load_config("cartpole", ["log.console=false", "log.tensorboard=false"])
+        with pytest.raises(RunDirError, match="in use by another training process"):
+            Trainer(cfg, run_dir=tmp_path).train()
+    assert not (tmp_path / "metrics.jsonl").exists()

@@ -55,6 +55,7 @@ from impala_rl.learner import (
 from impala_rl.malloc import keep_freed_memory
 from impala_rl.nn.factory import build_model_for_env
 from impala_rl.rollout import actor_loop_rate
+from impala_rl.rundir import RunDirError
 from impala_rl.stats import EpochStatsAggregator, EventRecorder
 from impala_rl.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter, WandbWriter
 
@@ -217,6 +218,7 @@ class Trainer:
             return
         if not self.resume:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_run_dir()
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.recorder = EventRecorder()
         self.impala_events = self.recorder.interface(ImpalaEvents)
@@ -237,6 +239,28 @@ class Trainer:
         )
         if self.console is not None:
             self.writers.append(self.console)
+
+    def _lock_run_dir(self) -> None:
+        """Hold ``run_dir/.lock`` for the run: a second process training into the same
+        directory (a resume started while the run still goes) would interleave its metrics
+        and overwrite the checkpoints; it is refused instead. The lock goes with the process."""
+        import fcntl
+
+        self._lock = open(self.run_dir / ".lock", "w")  # noqa: SIM115 (held for the run)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.close()
+            raise RunDirError(
+                f"{str(self.run_dir)!r} is in use by another training process; wait for it to "
+                "end or train into another directory"
+            ) from None
+
+    def _release_run_dir(self) -> None:
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.close()
+            self._lock = None
 
     def _load_last(self) -> None:
         data = checkpoint.load(self.checkpoint_dir / "last.pt")
@@ -374,7 +398,11 @@ class Trainer:
 
     # -- the run -------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
-        self._build()
+        try:
+            self._build()
+        except BaseException:
+            self._release_run_dir()
+            raise
         cfg, c = self.cfg, self.counters
         self._stop_flag = {"stop": False, "in_step": False, "abort": False}
         stopped_because: str | None = None
@@ -439,7 +467,10 @@ class Trainer:
                 for writer in self.writers:
                     writer.close()
         c.wall_time_s = time.perf_counter() - self._start_wall
-        summary = self._write_summary(stopped_because or "error", self.recent_returns, error)
+        try:
+            summary = self._write_summary(stopped_because or "error", self.recent_returns, error)
+        finally:
+            self._release_run_dir()
         if error is not None:
             raise error
         return summary
