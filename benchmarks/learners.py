@@ -40,6 +40,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _timed(fn, repeats: int, device: torch.device) -> list[float]:
+    """Seconds per call of ``fn``, the device synchronised around each."""
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def _worker(rank: int, n: int, port: int, args: argparse.Namespace, out: mp.Queue) -> None:
     cores = os.cpu_count() or 1
     torch.set_num_threads(max(1, cores // n) if args.threads is None else args.threads)
@@ -60,22 +72,11 @@ def _worker(rank: int, n: int, port: int, args: argparse.Namespace, out: mp.Queu
     }
     for _ in range(args.warmup):
         learner.update(batch)
-    times = []
-    for _ in range(args.repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        learner.update(batch)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
+    times = _timed(lambda: learner.update(batch), args.repeats, device)
     reduce_times: list[float] = []
     params = [p for p in learner.model.parameters() if p.requires_grad]
     if group is not None:
-        for _ in range(args.repeats):
-            _sync(device)
-            t0 = time.perf_counter()
-            group.average_gradients(params)
-            _sync(device)
-            reduce_times.append(time.perf_counter() - t0)
+        reduce_times = _timed(lambda: group.average_gradients(params), args.repeats, device)
         group.close()
     if rank == 0:
         out.put(

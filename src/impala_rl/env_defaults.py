@@ -40,27 +40,28 @@ EVAL_TIME_SHARE = 0.1
 NATURE_CNN_MIN_SIDE = 36  # 8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave >= 1 pixel
 
 
-def reward_threshold(env_id: str) -> float | None:
-    """The env's Gymnasium ``spec.reward_threshold``; None for a ``module:callable`` factory,
-    an id Gymnasium does not know, or a spec without one."""
+def _spec(env_id: str) -> Any:
+    """Gymnasium's spec of a registered id; None for a ``module:callable`` factory or an id
+    Gymnasium does not know."""
     if ":" in env_id:
         return None
     try:
-        threshold = gym.spec(env_id).reward_threshold
+        return gym.spec(env_id)
     except Exception:  # unknown ids, namespaces not registered
         return None
+
+
+def reward_threshold(env_id: str) -> float | None:
+    """The env's Gymnasium ``spec.reward_threshold``; None for a ``module:callable`` factory,
+    an id Gymnasium does not know, or a spec without one."""
+    threshold = getattr(_spec(env_id), "reward_threshold", None)
     return None if threshold is None else float(threshold)
 
 
 def env_family(env_id: str) -> str | None:
     """The Gymnasium family of a registered id (``classic_control`` for ``Pendulum-v1``:
     the package under ``gymnasium.envs`` of its entry point); None for anything else."""
-    if ":" in env_id:
-        return None
-    try:
-        entry = gym.spec(env_id).entry_point
-    except Exception:  # unknown ids, namespaces not registered
-        return None
+    entry = getattr(_spec(env_id), "entry_point", None)
     if not isinstance(entry, str) or not entry.startswith("gymnasium.envs."):
         return None
     return entry.split(":", 1)[0].split(".")[2]
