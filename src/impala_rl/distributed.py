@@ -154,25 +154,19 @@ class LearnerGroup:
         if not params:
             return
         device = params[0].device
-        parts = [
-            p.grad.reshape(-1).float() if p.grad is not None else torch.zeros(0, device=device)
-            for p in params
-        ]
-        has_grad = torch.tensor(
-            [float(p.grad is not None) for p in params], device=device, dtype=torch.float32
+        flat = torch.cat(
+            [
+                p.grad.reshape(-1).float() if p.grad is not None else p.new_zeros(p.numel())
+                for p in params
+            ]
+            + [torch.tensor([float(p.grad is not None) for p in params], device=device)]
         )
-        flat = torch.zeros(sum(p.numel() for p in params) + len(params), device=device)
-        offset = 0
-        for p, part in zip(params, parts, strict=True):
-            if part.numel():
-                flat[offset : offset + p.numel()] = part
-            offset += p.numel()
-        flat[offset:] = has_grad
         self._all_reduce(flat)
-        flat[:offset].div_(self.world_size)
+        has_grad = flat[flat.numel() - len(params) :].tolist()
+        flat[: flat.numel() - len(params)].div_(self.world_size)
         offset = 0
-        for i, p in enumerate(params):
-            if flat[flat.numel() - len(params) + i] > 0:
+        for p, anyone in zip(params, has_grad, strict=True):
+            if anyone > 0:
                 grad = flat[offset : offset + p.numel()].view_as(p).to(p.dtype)
                 if p.grad is None:
                     p.grad = grad.clone()
@@ -349,7 +343,7 @@ def start_peer_learners(
         )
         handles = []
         for rank in range(1, world_size):
-            actor = remote.options(name=None).remote()
+            actor = remote.remote()
             handles.append((actor, actor.run.remote(target, args_of(rank))))
         return PeerLearners(handles, "ray")
     ctx = mp.get_context("spawn")
