@@ -1,7 +1,8 @@
-"""Central inference (``runner.inference=central``): the learner process acts for the actors.
+"""Central inference (``runner.inference=central``): one server process acts for the actors.
 
-The server and its clients run in one process here (threads and a pipe) where a test compares
-numbers, and through the subprocess backend where it checks processes, restarts and training.
+The server's loop and its clients run in one process here (a thread and pipes) where a test
+compares numbers, and through the subprocess backend (the server in its own process) where it
+checks processes, restarts, failures and training.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from deadlines import alarm_deadline, wait_until
 from impala_rl.actors.inference import CentralActing, InferenceServer, allocate_requests
+from impala_rl.actors.base import ActorError
 from impala_rl.actors.subprocess import SubprocessDistributedActors
 from impala_rl.config import (
     ConfigError,
@@ -211,11 +213,26 @@ def test_subprocess_actors_with_central_inference_survive_a_killed_actor():
             if seen == {0, 1}:
                 break
         assert seen == {0, 1}
-        assert actors.server is not None and actors.server.error is None
-        pids = [a.process.pid for a in actors.actors]
-        server_thread = actors.server._thread
-    assert not server_thread.is_alive()
-    for pid in pids:
+        assert actors.server is not None
+        actors.server.check()  # the server served the restarted actor's new pipe
+        pids = [a.process.pid for a in actors.actors] + [actors.server.process.pid]
+    for pid in pids:  # the actors and the server's process are stopped and joined
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_killed_inference_process_ends_the_run_with_an_error_not_a_hang():
+    actors = _subprocess_actors()
+    with actors:
+        actors.collect_outputs("cpu")
+        actors.broadcast_updated_policy(actors._template.state_dict())
+        server_pid = actors.server.process.pid
+        os.kill(server_pid, signal.SIGKILL)
+        with pytest.raises(ActorError, match="inference process exited with code -9"):
+            for _ in range(50):  # a batch or two may have been prefetched before the kill
+                actors.collect_outputs("cpu")
+        pids = [a.process.pid for a in actors.actors if a.process is not None]
+    for pid in [*pids, server_pid]:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
@@ -241,7 +258,7 @@ def _train_central(tmp_path, *overrides: str) -> dict:
 
 def test_cartpole_trains_with_central_inference(tmp_path):
     assert _train_central(tmp_path)["env_steps"] >= 6000
-    assert threading.active_count() < 10  # the server and dispatcher threads are gone
+    assert threading.active_count() < 10  # the dispatcher thread is gone
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,8 +1,10 @@
-"""Central inference (``runner.inference=central``): actors step envs, the learner process acts.
+"""Central inference (``runner.inference=central``): actors step envs, one server process acts.
 
 Each actor process owns a row of every request and response field below (shared tensors
 ``[num_actors, M, ...]``, ``M = envs_per_actor * n_agents``: the most decisions one call
-carries) and one pipe to the :class:`InferenceServer`, a thread of the learner process. An
+carries) and one pipe to the :class:`InferenceServer`, which runs in a process of its own
+(:class:`InferenceProcess`; a thread of the learner process would share its interpreter lock
+with the learner's update, and each would wait for the other at every switch). An
 actor's :class:`CentralActing` writes a group's observations (and its first flags, core state
 and last inputs when the model reads them) into its rows, sends ``(kind, step_key, n)`` and
 waits; the server gathers every waiting actor's request, runs the policy once per
@@ -13,8 +15,9 @@ stamps the oldest version of an unroll on its slot, so V-trace's behaviour polic
 
 The LSTM state travels with each request and stays with the actor (its decision streams
 carry it as with actor-side inference), so a restarted actor or server loses nothing. The
-server's weights are its own copy on the device, replaced after every update; actors need
-no weights.
+server's weights are its own copy on the device; the learner publishes them after every
+update into the shared flat buffer that actor-side inference reads (``SharedWeights``), and
+the server loads a newer version between two batches of requests. Actors need no weights.
 
 ==================  ===================  ===================================================
 field               shape (per actor)    meaning
@@ -34,7 +37,12 @@ field               shape (per actor)    meaning
 from __future__ import annotations
 
 import copy
+import logging
+import pickle
+import signal
 import threading
+import time
+import traceback
 from collections import defaultdict
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -45,6 +53,7 @@ from impala_rl.nn import Acted, Model
 from impala_rl.rollout import RolloutSpec, rollout_spec_for
 
 POLL_S = 0.05
+log = logging.getLogger(__name__)
 
 
 def allocate_requests(spec: RolloutSpec, num_actors: int, rows: int) -> dict[str, torch.Tensor]:
@@ -167,8 +176,10 @@ class InferenceServer:
         self.connections = connections
         self.version = 0
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._staging: dict[str, torch.Tensor] = {}  # pinned, for a GPU (see _gather)
         self.requests_served = 0
         self.batches = 0
+        self.busy_s = 0.0  # serving, from the first request read to the last answer sent
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._error: BaseException | None = None
@@ -198,22 +209,38 @@ class InferenceServer:
                 if not conns:
                     self._stop.wait(POLL_S)
                     continue
-                owner = {conn: index for index, conn in conns.items()}
-                requests = []
-                try:
-                    ready = wait(list(owner), timeout=POLL_S)
-                except (OSError, ValueError):
-                    continue  # a pipe closed under us: an actor died, ask again
-                for conn in ready:
-                    try:
-                        kind, step_key, n = conn.recv()
-                    except (EOFError, OSError):
-                        continue  # the actor is gone; the backend notices and restarts it
-                    requests.append((owner[conn], conn, kind, step_key, n))
-                if requests:
-                    self.serve(requests)
+                self.serve_round(conns, POLL_S)
         except BaseException as exc:  # surfaces in the backend's collect_outputs
             self._error = exc
+
+    def serve_round(
+        self, conns: dict[int, Connection], timeout: float, also: list[Any] = ()
+    ) -> tuple[list[Any], list[int]]:
+        """Wait up to ``timeout`` for requests on ``conns`` (``{actor: pipe}``) or for
+        ``also``, serve every request that came in one batch; returns the ready ones of
+        ``also`` and the actors whose pipe broke (the actor is gone: its death is the
+        backend's business)."""
+        owner = {conn: index for index, conn in conns.items()}
+        try:
+            ready = wait([*owner, *also], timeout=timeout)
+        except (OSError, ValueError):
+            return [], []  # a pipe closed under us: an actor died, ask again
+        requests, broken, others = [], [], []
+        start = time.perf_counter()
+        for conn in ready:
+            if conn not in owner:
+                others.append(conn)
+                continue
+            try:
+                kind, step_key, n = conn.recv()
+            except (EOFError, OSError):
+                broken.append(owner[conn])
+                continue
+            requests.append((owner[conn], conn, kind, step_key, n))
+        if requests:
+            self.serve(requests)
+            self.busy_s += time.perf_counter() - start
+        return others, broken
 
     @torch.inference_mode()
     def serve(self, requests: list[tuple[int, Any, str, int, int]]) -> None:
@@ -235,26 +262,57 @@ class InferenceServer:
         self.requests_served += len(requests)
         self.batches += 1
 
+    def stats(self, wall_s: float, loading_s: float) -> dict[str, float]:
+        """What the server did in ``wall_s`` seconds (``loading_s`` of them loading weights)."""
+        return {
+            "batches": self.batches,
+            "requests_per_batch": self.requests_served / max(1, self.batches),
+            "busy_share": self.busy_s / max(wall_s, 1e-9),
+            "loading_share": loading_s / max(wall_s, 1e-9),
+            "ms_per_batch": 1000.0 * self.busy_s / max(1, self.batches),
+        }
+
     def _gather(self, name: str, members: list[tuple[int, Any, int]]) -> torch.Tensor:
+        """The members' rows of ``name`` on the device: one indexed copy into a pinned staging
+        buffer (reused: every group ends with a synchronising copy back), one async upload."""
         field = self.buffers[name]
+        rows = sum(n for _, _, n in members)
+        out = None
+        if self.device.type == "cuda":
+            if name not in self._staging:
+                self._staging[name] = torch.empty(
+                    (field.shape[0] * field.shape[1], *field.shape[2:]), dtype=field.dtype
+                ).pin_memory()
+            out = self._staging[name][:rows]
         if all(n == field.shape[1] for _, _, n in members):  # whole rows: one indexed copy
             index = torch.tensor([actor for actor, _, _ in members])
-            rows = field.index_select(0, index).flatten(0, 1)
+            if out is None:
+                return field.index_select(0, index).flatten(0, 1)
+            torch.index_select(field, 0, index, out=out.view(len(members), *field.shape[1:]))
         else:
-            rows = torch.cat([field[actor, :n] for actor, _, n in members])
-        return rows.to(self.device, non_blocking=True)
+            parts = [field[actor, :n] for actor, _, n in members]
+            if out is None:
+                return torch.cat(parts)
+            torch.cat(parts, out=out)
+        return out.to(self.device, non_blocking=True)
 
-    def _scatter(self, name: str, members: list[tuple[int, Any, int]], values: Any) -> None:
-        field = self.buffers[name]
-        values = values.to("cpu")
-        if all(n == field.shape[1] for _, _, n in members):
-            index = torch.tensor([actor for actor, _, _ in members])
-            field.index_copy_(0, index, values.view(len(members), *field.shape[1:]))
-            return
-        offset = 0
-        for actor, _, n in members:
-            field[actor, :n].copy_(values[offset : offset + n])
-            offset += n
+    def _scatter(self, members: list[tuple[int, Any, int]], values: dict[str, Any]) -> None:
+        """Write ``{field: [rows, ...]}`` back into the members' rows, after one download."""
+        if self.device.type == "cuda":
+            values = {name: v.to("cpu", non_blocking=True) for name, v in values.items()}
+            torch.cuda.current_stream(self.device).synchronize()
+        whole = None
+        for name, value in values.items():
+            field = self.buffers[name]
+            if all(n == field.shape[1] for _, _, n in members):
+                if whole is None:
+                    whole = torch.tensor([actor for actor, _, _ in members])
+                field.index_copy_(0, whole, value.view(len(members), *field.shape[1:]))
+                continue
+            offset = 0
+            for actor, _, n in members:
+                field[actor, :n].copy_(value[offset : offset + n])
+                offset += n
 
     def _serve_group(self, kind: str, step_key: int, members: list[tuple[int, Any, int]]) -> None:
         model, b = self.model, self.buffers
@@ -267,13 +325,168 @@ class InferenceServer:
             h = self._gather("core_h", members).unsqueeze(0)
             state = (h, self._gather("core_c", members).unsqueeze(0))
         if kind == "value":
-            self._scatter("value", members, model.value(step_key, obs, extra, state))
+            self._scatter(members, {"value": model.value(step_key, obs, extra, state)})
             return
         first = self._gather("first", members) if model.core is not None else None
         dist, after = model.act(step_key, obs, mask, first, state, extra)
         action = dist.sample(self.generator)
-        self._scatter(self.key_field("action", step_key), members, action)
-        self._scatter("log_prob", members, dist.log_prob(action).float())
+        log_prob = dist.log_prob(action).float()
+        out = {self.key_field("action", step_key): action, "log_prob": log_prob}
         if after is not None:
-            self._scatter("core_h", members, after[0][0])
-            self._scatter("core_c", members, after[1][0])
+            out["core_h"], out["core_c"] = after[0][0], after[1][0]
+        self._scatter(members, out)
+
+
+# -- the server's process -------------------------------------------------------------------------
+def _server_main(
+    model_bytes: bytes,
+    buffers: dict[str, torch.Tensor],
+    device: str,
+    weights: Any,
+    control: Connection,
+    seed: int,
+    num_threads: int,
+) -> None:
+    """The inference process: serve the actors whose pipes arrive on ``control``
+    (``("actor", index, pipe)``), load each newer version of ``weights`` between two batches,
+    stop on ``None`` or when the learner is gone; an error is sent back as text."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process handles Ctrl-C
+    torch.set_num_threads(num_threads)
+    conns: dict[int, Connection] = {}
+    try:
+        server = InferenceServer(pickle.loads(model_bytes), buffers, device, lambda: conns, seed)
+        server.version = weights.read_into(server.model, -1)
+        control.send(("ready",))
+        started, loading_s = time.perf_counter(), 0.0
+        while True:
+            others, broken = server.serve_round(conns, POLL_S, [control])
+            for index in broken:
+                conns.pop(index).close()
+            if others:
+                msg = control.recv()
+                if msg is None:
+                    break
+                _, index, conn = msg
+                if index in conns:
+                    conns[index].close()
+                conns[index] = conn
+            if int(weights.header[1]) != server.version:
+                t = time.perf_counter()
+                server.version = weights.read_into(server.model, server.version)
+                loading_s += time.perf_counter() - t
+        wall = time.perf_counter() - started
+        control.send(("stats", server.stats(wall, loading_s)))
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass  # the learner is gone or stopping us
+    except BaseException as exc:
+        try:
+            control.send(("error", "".join(traceback.format_exception(exc))))
+        except (BrokenPipeError, OSError):
+            pass
+        raise SystemExit(1) from None
+    finally:
+        for conn in conns.values():
+            conn.close()
+
+
+class InferenceProcess:
+    """The learner's handle on the inference server's process (see the module doc).
+
+    ``ctx`` is the backend's multiprocessing context; ``weights`` its ``SharedWeights``
+    (published after every update). The server keeps ``num_threads`` torch threads: more
+    would spin against the actor processes on their cores (on a CPU, batches of 16 Pong
+    frames took 130-220 ms instead of 3-12 with two threads on two busy cores).
+    :meth:`add_actor` hands the server an actor's end of its inference pipe (again after a
+    restart); :meth:`check` raises the server's error, or that it died.
+    """
+
+    def __init__(
+        self,
+        ctx: Any,
+        model: Model,
+        buffers: dict[str, torch.Tensor],
+        device: torch.device | str,
+        weights: Any,
+        seed: int,
+        num_threads: int = 1,
+        start_timeout_s: float = 120.0,
+    ):
+        self._lock = threading.Lock()
+        self._error: str | None = None
+        self.stats: dict[str, float] | None = None  # the server's, once stopped
+        self.control, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(
+            target=_server_main,
+            name="impala-inference",
+            args=(pickle.dumps(model), buffers, str(device), weights, child, seed, num_threads),
+            daemon=True,
+        )
+        self.process.start()
+        child.close()
+        self._expect_ready(start_timeout_s)
+
+    def _expect_ready(self, timeout: float) -> None:
+        if not self.control.poll(timeout):
+            self.stop()
+            raise RuntimeError(f"the inference process did not start within {timeout:.0f} s")
+        self._read()
+        self.check()
+
+    def _read(self) -> None:
+        """Take the server's messages (``ready``, or its error)."""
+        try:
+            while self.control.poll():
+                msg = self.control.recv()
+                if msg[0] == "error":
+                    self._error = msg[1]
+                elif msg[0] == "stats":
+                    self.stats = msg[1]
+        except (EOFError, OSError):
+            pass
+
+    def add_actor(self, index: int, conn: Connection) -> None:
+        """Give the server ``conn`` (this process's copy is closed: the server owns it)."""
+        with self._lock:
+            try:
+                self.control.send(("actor", index, conn))
+            except (BrokenPipeError, OSError):
+                pass  # the server is gone: check() says so
+        conn.close()
+
+    def check(self, wait_s: float = 0.0) -> None:
+        """Raise if the server failed or its process is gone (waiting up to ``wait_s`` for
+        it to end: an actor can see its pipe break before the exit code is there)."""
+        with self._lock:
+            if wait_s:
+                self.process.join(timeout=wait_s)
+            self._read()
+            if self._error is not None:
+                raise RuntimeError(f"the inference process failed:\n{self._error}")
+            if self.process.exitcode is not None:
+                raise RuntimeError(
+                    f"the inference process exited with code {self.process.exitcode}"
+                )
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            try:
+                self.control.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self.process.join(timeout=timeout)
+            if self.process.exitcode is None:
+                self.process.kill()
+                self.process.join(timeout=timeout)
+            self._read()
+            self.control.close()
+        if self.stats:
+            st = self.stats
+            log.info(
+                "inference server: %d batches of %.1f requests, %.2f ms each; busy %.0f%% of "
+                "the time, loading weights %.0f%%",
+                st["batches"],
+                st["requests_per_batch"],
+                st["ms_per_batch"],
+                100 * st["busy_share"],
+                100 * st["loading_share"],
+            )

@@ -51,7 +51,7 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
-from impala_rl.actors.inference import CentralActing, InferenceServer, allocate_requests
+from impala_rl.actors.inference import CentralActing, InferenceProcess, allocate_requests
 from impala_rl.actors.rollout_queue import Rollout, RolloutQueue
 from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, column_block
 
@@ -189,7 +189,6 @@ class _Actor:
         self.index = index
         self.process: Any = None
         self.conn: Connection | None = None
-        self.infer_conn: Connection | None = None  # central inference's pipe
         self.slot: int | None = None  # slot it is filling (a full one waits in the queue)
         self.starts = 0
         self.delivered = 0  # rollouts delivered since the last (re)start
@@ -205,7 +204,7 @@ class SubprocessDistributedActors(DistributedActors):
         self.runner = runner
         self.central = getattr(runner, "inference", "actor") == "central"
         self.device = torch.device(device)
-        self.server: InferenceServer | None = None
+        self.server: InferenceProcess | None = None
         self.start_method = getattr(runner, "start_method", "forkserver")
         self.max_restarts = getattr(runner, "max_actor_restarts", 3)
         self.shutdown_timeout_s = getattr(runner, "shutdown_timeout_s", 10.0)
@@ -273,10 +272,9 @@ class SubprocessDistributedActors(DistributedActors):
         try:
             if self.central:
                 self._requests = allocate_requests(spec, cfg.num_actors, spec.N)
-                self.server = InferenceServer(
-                    self._template, self._requests, self.device, self._inference_pipes, self.seed
+                self.server = InferenceProcess(
+                    self.ctx, self._template, self._requests, self.device, self.weights, self.seed
                 )
-                self.server.start()
             for actor in self.actors:
                 self._spawn(actor)
                 self._give_slot(actor)
@@ -319,7 +317,7 @@ class SubprocessDistributedActors(DistributedActors):
         child_conn.close()
         if infer_child is not None:
             infer_child.close()
-            actor.infer_conn = infer_parent
+            self.server.add_actor(actor.index, infer_parent)  # type: ignore[union-attr]
         actor.process, actor.conn = process, parent_conn
         actor.delivered = 0
         actor.starts += 1
@@ -361,9 +359,7 @@ class SubprocessDistributedActors(DistributedActors):
                 self._unreaped.append(actor.process)
             if actor.conn is not None:
                 actor.conn.close()
-            if actor.infer_conn is not None:
-                actor.infer_conn.close()
-            actor.process = actor.conn = actor.infer_conn = None
+            actor.process = actor.conn = None
         self._unreaped = [p for p in self._unreaped if _reap(p, timeout=2.0) is None]
 
     # -- the dispatcher thread ------------------------------------------------------------------
@@ -408,7 +404,9 @@ class SubprocessDistributedActors(DistributedActors):
             return
         if msg[0] == "error":
             _, index, summary, text = msg
-            self._error = ActorError(f"actor {index} failed: {summary}\n{text}")
+            self._error = self._server_failure(wait_s=1.0) or ActorError(
+                f"actor {index} failed: {summary}\n{text}"
+            )
             self._lock.notify_all()
             return
         _, slot, result = msg
@@ -433,10 +431,12 @@ class SubprocessDistributedActors(DistributedActors):
         for lost in self.queue.discard_blocked(actor.index):  # neither recorded nor counted
             self._free.append(lost.payload)
         actor.conn.close()
-        if actor.infer_conn is not None:
-            actor.infer_conn.close()
-        actor.process = actor.conn = actor.infer_conn = None
+        actor.process = actor.conn = None
         if failed:
+            return
+        self._error = self._server_failure(wait_s=1.0)  # its actors lose their answers
+        if self._error is not None:
+            self._lock.notify_all()
             return
         if self.restarts >= self.max_restarts:
             self._error = ActorError(
@@ -513,10 +513,16 @@ class SubprocessDistributedActors(DistributedActors):
             self._batches.append((out, oldest, results))
             self._lock.notify_all()
 
-    def _inference_pipes(self) -> dict[int, Connection]:
-        """The inference server's view: each live actor's inference pipe."""
-        with self._lock:
-            return {a.index: a.infer_conn for a in self.actors if a.infer_conn is not None}
+    def _server_failure(self, wait_s: float = 0.0) -> ActorError | None:
+        """Central inference's error, or that its process is gone (None while it serves);
+        ``wait_s`` where an actor's failure may be the server's."""
+        if self.server is None:
+            return None
+        try:
+            self.server.check(wait_s)
+        except RuntimeError as exc:
+            return ActorError(f"central inference: {exc}")
+        return None
 
     def _slot_version(self, slot_index: int) -> int:
         return int(self.slots[slot_index]["policy_version"][0])
@@ -540,10 +546,7 @@ class SubprocessDistributedActors(DistributedActors):
             self.policy_version += 1
             self._in_update = False
             version = self.policy_version
-        if self.server is not None:
-            self.server.load(state_dict, version)  # actors need no weights
-        else:
-            self.weights.publish(state_dict, version)
+        self.weights.publish(state_dict, version)  # read by the actors or the server
 
     def collect_outputs(self, learner_device: torch.device | str) -> CollectedOutputs:
         device = torch.device(learner_device)
@@ -555,8 +558,9 @@ class SubprocessDistributedActors(DistributedActors):
                 while not self._batches:
                     if self._error is not None:
                         raise self._error
-                    if self.server is not None and self.server.error is not None:
-                        raise ActorError(f"central inference failed: {self.server.error!r}")
+                    failure = self._server_failure()
+                    if failure is not None:
+                        raise failure
                     if not self._dispatcher.is_alive():
                         raise ActorError("the dispatcher thread stopped unexpectedly")
                     if len(self.queue) >= self.cfg.actors_batch_size and not self._assembling:
