@@ -355,7 +355,7 @@ def _server_main(
     conns: dict[int, Connection] = {}
     try:
         server = InferenceServer(pickle.loads(model_bytes), buffers, device, lambda: conns, seed)
-        server.version = weights.read_into(server.model, -1)
+        server.version = weights.read_into(server.model, -1, server.device)
         control.send(("ready",))
         started, loading_s = time.perf_counter(), 0.0
         while True:
@@ -372,7 +372,7 @@ def _server_main(
                 conns[index] = conn
             if int(weights.header[1]) != server.version:
                 t = time.perf_counter()
-                server.version = weights.read_into(server.model, server.version)
+                server.version = weights.read_into(server.model, server.version, server.device)
                 loading_s += time.perf_counter() - t
         wall = time.perf_counter() - started
         control.send(("stats", server.stats(wall, loading_s)))

@@ -78,6 +78,7 @@ class SharedWeights:
         self.numels = [v.numel() for v in state_dict.values()]
         self.buffer = torch.zeros(sum(self.numels), dtype=torch.float32).share_memory_()
         self.header = torch.zeros(2, dtype=torch.int64).share_memory_()  # [seq, version]
+        self._pinned: torch.Tensor | None = None  # a reader's staging for a GPU model
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         flat = torch.cat([state_dict[k].detach().reshape(-1).float().cpu() for k in self.keys])
@@ -86,8 +87,20 @@ class SharedWeights:
         self.header[1] = version
         self.header[0] += 1  # even: consistent
 
-    def read_into(self, model: torch.nn.Module, known_version: int) -> int:
-        """Copy the weights into ``model`` if newer than ``known_version``; returns the version."""
+    def read_into(
+        self, model: torch.nn.Module, known_version: int, device: torch.device | None = None
+    ) -> int:
+        """Copy the weights into ``model`` if newer than ``known_version``; returns the version.
+
+        With a GPU ``device`` (the model's) the snapshot goes through one pinned buffer and one
+        upload, and the model loads it from the device: a third of a state dict's pageable
+        per-tensor copies for Pong's CNN.
+        """
+        staging = None
+        if device is not None and device.type == "cuda":
+            if self._pinned is None:
+                self._pinned = torch.empty_like(self.buffer).pin_memory()
+            staging = self._pinned
         while True:
             seq = int(self.header[0])
             version = int(self.header[1])
@@ -96,9 +109,11 @@ class SharedWeights:
             if seq % 2 == 1:
                 time.sleep(0.0005)
                 continue
-            snapshot = self.buffer.clone()
+            snapshot = self.buffer.clone() if staging is None else staging.copy_(self.buffer)
             if int(self.header[0]) != seq:
                 continue
+            if staging is not None:
+                snapshot = snapshot.to(device)  # from pinned memory, before the next copy_
             state = {}
             offset = 0
             for key, shape, dtype, n in zip(
