@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from deadlines import alarm_deadline, wait_until
-from impala_rl.actors.inference import CentralActing, InferenceServer, allocate_requests
 from impala_rl.actors.base import ActorError
+from impala_rl.actors.inference import CentralActing, InferenceServer, allocate_requests
 from impala_rl.actors.subprocess import SubprocessDistributedActors
 from impala_rl.config import (
     ConfigError,

@@ -271,9 +271,9 @@ class RunnerConfig:
     ``ray`` (clusters)."""
     inference: str = "actor"
     """Where the policy acts: ``actor`` (each actor process runs its own copy, loaded between
-    unrolls) or ``central`` (actor processes only step envs; one loop in the learner process
-    batches every waiting actor's observations and acts on ``algorithm.device``: for a GPU
-    box; subprocess backend only)."""
+    unrolls) or ``central`` (actor processes only step envs; one server process batches every
+    waiting actor's observations and acts on ``algorithm.device``: for a GPU box; subprocess
+    backend only)."""
     start_method: str = "forkserver"
     """How actor processes start: ``forkserver`` or ``spawn`` (safe), ``fork`` (only when the
     learner process has no threads yet)."""
