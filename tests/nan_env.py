@@ -1,6 +1,7 @@
 """Environments that misbehave on purpose, for the trainer and CLI tests.
 
-Importable as ``nan_env:make_nan_env`` / ``nan_env:make_raising_env`` for
+Importable as ``nan_env:make_nan_env`` / ``nan_env:make_raising_env`` /
+``nan_env:make_env_failing_in_further_learners`` for
 :class:`impala_rl.envs.EnvFactory` (pytest puts ``tests/`` on ``sys.path``; subprocesses get it
 through ``PYTHONPATH``).
 """
@@ -37,3 +38,13 @@ def make_nan_env(nan_after: int = 100) -> gym.Env:
 
 def make_raising_env(**kwargs) -> gym.Env:
     raise RuntimeError("this factory always fails")
+
+
+def make_env_failing_in_further_learners(**kwargs) -> gym.Env:
+    """CartPole in the process the user started, an error in any other (with sequential
+    actors: in learners 1..N-1 only)."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        raise RuntimeError("this factory fails outside the first learner")
+    return gym.make("CartPole-v1")

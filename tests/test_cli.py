@@ -130,6 +130,15 @@ ERROR_CASES = {
         ["train", "cartpole", "env.id=nan_env:make_raising_env"],
         "this factory always fails",
     ),
+    "a further learner fails": (
+        [
+            "train",
+            "cartpole",
+            "env.id=nan_env:make_env_failing_in_further_learners",
+            "algorithm.num_learners=2",
+        ],
+        "fails outside the first learner",
+    ),
     "eval missing run dir": (["eval", "{missing}"], "best.pt"),
     "resume not a run dir": (["train", "--resume", "{not_a_run}"], "not a run directory"),
     "resume with a preset": (["train", "--resume", "{not_a_run}", "cartpole"], "--resume"),

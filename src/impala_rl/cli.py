@@ -223,10 +223,9 @@ def main(argv: list[str] | None = None) -> int:
 
         user_errors += (EnvError, CheckpointError)
     if args.command == "train":  # only training imports the actors and the learner
-        from impala_rl.actors import ActorError
-        from impala_rl.learner import NonFiniteError
+        from impala_rl.trainer import TRAINING_ERRORS
 
-        user_errors += (ActorError, NonFiniteError)
+        user_errors += TRAINING_ERRORS
     try:
         if args.command == "train":
             return _train(args)

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from impala_rl import checkpoint
-from impala_rl.actors import CollectedOutputs, DistributedActors, make_actors
+from impala_rl.actors import ActorError, CollectedOutputs, DistributedActors, make_actors
+from impala_rl.checkpoint import CheckpointError
 from impala_rl.config import ConfigError, RunConfig, check_num_minibatches, to_dict, to_yaml
 from impala_rl.distributed import (
     LearnerGroup,
@@ -37,7 +38,7 @@ from impala_rl.distributed import (
     report_error,
     start_peer_learners,
 )
-from impala_rl.envs import EnvFactory, make_env_factory
+from impala_rl.envs import EnvError, EnvFactory, make_env_factory
 from impala_rl.evaluation import (
     BackgroundEvaluator,
     EvaluationResult,
@@ -60,6 +61,17 @@ from impala_rl.stats import EpochStatsAggregator, EventRecorder
 from impala_rl.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter, WandbWriter
 
 log = logging.getLogger(__name__)
+
+# What a user's settings, env or files can cause: one line for the user, no traceback.
+TRAINING_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError,
+    RunDirError,
+    EnvError,
+    CheckpointError,
+    ActorError,
+    NonFiniteError,
+    LearnerGroupError,
+)
 
 
 @dataclass
@@ -812,9 +824,11 @@ def run_peer_learner(
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         Trainer(cfg, run_dir=run_dir, resume=resume, rank=rank, rendezvous=rendezvous).train()
-    except BaseException as exc:  # for the leader's error message; the traceback goes on
+    except BaseException as exc:  # for the leader's error message
         report_error(rendezvous, rank, f"{type(exc).__name__}: {exc}")
-        raise
+        if isinstance(exc, TRAINING_ERRORS):
+            raise SystemExit(1) from None  # the leader's one line names it
+        raise  # anything else keeps its traceback
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
