@@ -38,6 +38,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import re
 import shlex
 import shutil
 import signal
@@ -357,6 +358,7 @@ def train(
         raise SystemExit(f"training failed ({proc.returncode}):\n{log.read_text()[-4000:]}")
     rows = load_metrics(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
+    server = server_figures(log.read_text())
     rate = rate_between_epochs(str(run_dir))
     first = epoch_seen.get(rows[0]["epoch"]) if rows else None
     last = epoch_seen.get(rows[-1]["epoch"]) if len(rows) > 1 else None
@@ -372,6 +374,28 @@ def train(
         "time_shares": time_shares(rows),
         "gpu_steady": sampler.summary(first, last) if first and last else None,
         "gpu_whole_process": sampler.summary(),
+        "inference_server": server,
+    }
+
+
+SERVER_LINE = re.compile(
+    r"inference\s+server:\s+(?P<batches>\d+)\s+batches\s+of\s+(?P<requests>[\d.]+)\s+"
+    r"requests,\s+(?P<ms>[\d.]+)\s+ms\s+each;\s+busy\s+(?P<busy>\d+)%\s+of\s+the\s+time,"
+    r"\s+loading\s+weights\s+(?P<loading>\d+)%"
+)
+
+
+def server_figures(log_text: str) -> dict[str, float] | None:
+    """Central inference's closing line in a training log (wrapped by the console or not)."""
+    match = SERVER_LINE.search(re.sub(r"\s*\n\s*(INFO\s+)?", " ", log_text))
+    if match is None:
+        return None
+    return {
+        "batches": int(match["batches"]),
+        "requests_per_batch": float(match["requests"]),
+        "ms_per_batch": float(match["ms"]),
+        "busy_percent": float(match["busy"]),
+        "loading_weights_percent": float(match["loading"]),
     }
 
 
@@ -497,6 +521,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"{_fmt(shares['policy_lag_mean'], '.1f')} updates",
         flush=True,
     )
+    server = training["inference_server"]
+    if server is not None:
+        print(
+            f"    inference server: {server['requests_per_batch']:.1f} requests per batch, "
+            f"{server['ms_per_batch']:.2f} ms each, busy {server['busy_percent']:.0f}%, "
+            f"loading weights {server['loading_weights_percent']:.0f}%",
+            flush=True,
+        )
     ratio = rate_b / rate_a if rate_a > 0 else None
     print(f"(c) training / env bound: {_fmt(ratio, '.2f')}")
     print("(d) GPU while training:")

@@ -7,10 +7,13 @@ checks processes, restarts, failures and training.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -235,6 +238,26 @@ def test_a_killed_inference_process_ends_the_run_with_an_error_not_a_hang():
     for pid in [*pids, server_pid]:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_the_server_reports_its_figures_when_it_stops(caplog):
+    """The closing log line says how busy the server was; benchmarks/gpu_box.py reads it."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    try:
+        from gpu_box import server_figures
+    finally:
+        sys.path.pop(0)
+    actors = _subprocess_actors()
+    with caplog.at_level(logging.INFO, logger="impala_rl.actors.inference"):
+        with actors:
+            for _ in range(2):
+                actors.collect_outputs("cpu")
+                actors.broadcast_updated_policy(actors._template.state_dict())
+    figures = server_figures(caplog.text)
+    assert figures is not None, caplog.text
+    assert figures["batches"] >= 2 * 8  # two batches of two actors' unrolls of 8 steps
+    assert 1.0 <= figures["requests_per_batch"] <= 2.0  # two actors
+    assert 0 <= figures["busy_percent"] <= 100
 
 
 def test_central_inference_needs_the_subprocess_backend():
