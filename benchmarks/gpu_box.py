@@ -18,6 +18,9 @@ env.kwargs.vector_threads=1``):
 (d) GPU utilisation and memory while (b) trains (``nvidia-smi`` every second; "no GPU" without
     it), between the first and the last epoch and over the whole process.
 
+With ``runner.inference=central``, (b) also prints the inference server's own figures from its
+closing log line: requests per batch, milliseconds per batch, its busy and weight-loading shares.
+
 Evaluation is cut to one step of one episode (``algorithm.rollout_evaluator.*``) and, unless
 the overrides set it, ``algorithm.epoch_length`` is chosen for ~50 epochs if training ran at
 the env bound (a), ~10 at a fifth of it; overrides given here win over both. ``--out FILE``
