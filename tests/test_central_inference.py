@@ -1,8 +1,7 @@
 """Central inference (``runner.inference=central``): one server process acts for the actors.
 
-The server's loop and its clients run in one process here (a thread and pipes) where a test
-compares numbers, and through the subprocess backend (the server in its own process) where it
-checks processes, restarts, failures and training.
+The server's process and its clients (here, in the test's process) where a test compares
+numbers; the subprocess backend where it checks processes, restarts, failures and training.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -20,8 +20,12 @@ import torch
 
 from deadlines import alarm_deadline, wait_until
 from impala_rl.actors.base import ActorError
-from impala_rl.actors.inference import CentralActing, InferenceServer, allocate_requests
-from impala_rl.actors.subprocess import SubprocessDistributedActors
+from impala_rl.actors.inference import CentralActing, InferenceProcess, allocate_requests
+from impala_rl.actors.subprocess import (
+    SharedWeights,
+    SubprocessDistributedActors,
+    start_forkserver,
+)
 from impala_rl.config import (
     ConfigError,
     ImpalaAlgorithmConfig,
@@ -53,26 +57,39 @@ def _model(factory: EnvFactory, **model: object):
 
 
 class _Served:
-    """A server thread and one client per actor, in this process."""
+    """The inference process, as the backend starts it, and one client per actor here."""
 
     def __init__(self, model, num_envs: int, clients: int = 1):
         spec = rollout_spec_for(model, None, T, num_envs)
         self.requests = allocate_requests(spec, clients, spec.N)
-        pipes = [mp.Pipe(duplex=True) for _ in range(clients)]
-        self.server_ends = {i: a for i, (a, _) in enumerate(pipes)}
-        self.server = InferenceServer(model, self.requests, "cpu", lambda: self.server_ends, 3)
+        self.weights = SharedWeights(model.state_dict())
+        self.weights.publish(model.state_dict(), 0)
+        start_forkserver()  # as the backend does: its processes import the actor loop once
+        self.ctx = mp.get_context("forkserver")
+        self.model, self.pipes = model, [self.ctx.Pipe(duplex=True) for _ in range(clients)]
         self.clients = [
             CentralActing(b, {k: v[i] for k, v in self.requests.items()}, model)
-            for i, (_, b) in enumerate(pipes)
+            for i, (_, b) in enumerate(self.pipes)
         ]
+        self.server: InferenceProcess | None = None
 
     def __enter__(self) -> _Served:
-        self.server.start()
+        self.server = InferenceProcess(
+            self.ctx, self.model, self.requests, "cpu", self.weights, seed=3
+        )
+        for i, (a, _) in enumerate(self.pipes):
+            self.server.add_actor(i, a)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.server.check()  # no error while serving
         self.server.stop()
-        assert self.server.error is None
+        assert self.server.process.exitcode == 0
+
+    @property
+    def requests_served(self) -> float:
+        stats = self.server.stats
+        return stats["batches"] * stats["requests_per_batch"]
 
 
 CASES = {
@@ -152,7 +169,7 @@ def test_centrally_acted_unrolls_are_the_policy_s_own_across_unrolls(case):
                 assert bool(slot["truncated"].any())
                 assert bool((slot["truncation_value"][slot["truncated"]] != 0).all())
         loop.close()
-    assert served.server.requests_served >= 3 * T
+    assert served.requests_served >= 3 * T
 
 
 def test_an_actor_gone_mid_request_leaves_the_others_served():
@@ -167,10 +184,7 @@ def test_an_actor_gone_mid_request_leaves_the_others_served():
         for _ in range(5):
             acted = kept.act(0, obs, None, None, None, None)
             assert acted.action.shape == (2,)
-        # the dead actor's pipe breaks on the server's side too: it is skipped, not fatal
-        served.server_ends.pop(0).close()
-        kept.act(0, obs, None, None, None, None)
-    assert served.server.error is None
+        kept.act(0, obs, None, None, None, None)  # the broken pipe was dropped, not fatal
 
 
 def test_weights_loaded_into_the_server_act_with_their_version():
@@ -180,12 +194,12 @@ def test_weights_loaded_into_the_server_act_with_their_version():
         client = served.clients[0]
         client.act(0, torch.randn(2, 4), None, None, None, None)
         newer = {k: v + 0.5 for k, v in model.state_dict().items()}
-        served.server.load(newer, 4)
+        served.weights.publish(newer, 4)  # as the learner does after an update
         obs = torch.randn(2, 4)
+        acted = client.act(0, obs, None, None, None, None)  # answered before or after loading
+        client.unroll_version(99)
         acted = client.act(0, obs, None, None, None, None)
-        assert client.unroll_version(99) == 0  # the oldest since the last unroll
-        acted = client.act(0, obs, None, None, None, None)
-        assert client.unroll_version(99) == 4
+        assert client.unroll_version(99) == 4  # loaded between two batches at the latest
     model.load_state_dict(newer)
     torch.testing.assert_close(acted.log_prob, model.policy(0, obs).log_prob(acted.action))
 
@@ -211,10 +225,9 @@ def test_subprocess_actors_with_central_inference_survive_a_killed_actor():
         os.kill(victim, signal.SIGKILL)  # most likely waiting on the server: mid-request
         wait_until(lambda: actors.restarts == 1, 15, "the restart")
         seen: set[int] = set()
-        for _ in range(40):
+        deadline = time.monotonic() + 60  # the new process imports its env first
+        while seen != {0, 1} and time.monotonic() < deadline:
             seen.update(actors.collect_outputs("cpu").batch["actor_index"].tolist())
-            if seen == {0, 1}:
-                break
         assert seen == {0, 1}
         assert actors.server is not None
         actors.server.check()  # the server served the restarted actor's new pipe

@@ -154,64 +154,22 @@ class CentralActing:
 
 
 class InferenceServer:
-    """One thread in the learner process that acts for every actor (see the module doc).
-
-    ``connections()`` returns the current ``{actor index: pipe}`` (actors restart with new
-    pipes); a pipe that breaks is skipped, its actor's death is the backend's business.
-    :meth:`load` replaces the weights between two batches of requests.
-    """
+    """What the inference process runs (see the module doc and :func:`_server_main`): batches
+    of requests answered with its own copy of the policy on ``device``."""
 
     def __init__(
-        self,
-        model: Model,
-        buffers: dict[str, torch.Tensor],
-        device: torch.device | str,
-        connections: Any,
-        seed: int,
+        self, model: Model, buffers: dict[str, torch.Tensor], device: torch.device | str, seed: int
     ):
         self.device = torch.device(device)
         self.model = copy.deepcopy(model).to(self.device).eval()
         self.key_field = rollout_spec_for(model, None, 1, 1).key_field  # the slot's field names
         self.buffers = buffers
-        self.connections = connections
         self.version = 0
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._staging: dict[str, torch.Tensor] = {}  # pinned, for a GPU (see _gather)
         self.requests_served = 0
         self.batches = 0
         self.busy_s = 0.0  # serving, from the first request read to the last answer sent
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._loop, name="impala-inference", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10.0)
-
-    @property
-    def error(self) -> BaseException | None:
-        return self._error
-
-    def load(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        with self._lock:
-            self.model.load_state_dict(state_dict)
-            self.version = version
-
-    def _loop(self) -> None:
-        try:
-            while not self._stop.is_set():
-                conns = self.connections()
-                if not conns:
-                    self._stop.wait(POLL_S)
-                    continue
-                self.serve_round(conns, POLL_S)
-        except BaseException as exc:  # surfaces in the backend's collect_outputs
-            self._error = exc
 
     def serve_round(
         self, conns: dict[int, Connection], timeout: float, also: list[Any] = ()
@@ -249,10 +207,9 @@ class InferenceServer:
         groups: dict[tuple[str, int], list[tuple[int, Any, int]]] = defaultdict(list)
         for actor, conn, kind, step_key, n in requests:
             groups[(kind, step_key)].append((actor, conn, n))
-        with self._lock:
-            version = self.version
-            for (kind, step_key), members in groups.items():
-                self._serve_group(kind, step_key, members)
+        version = self.version
+        for (kind, step_key), members in groups.items():
+            self._serve_group(kind, step_key, members)
         for members in groups.values():
             for _, conn, _ in members:
                 try:
@@ -354,7 +311,7 @@ def _server_main(
     torch.set_num_threads(num_threads)
     conns: dict[int, Connection] = {}
     try:
-        server = InferenceServer(pickle.loads(model_bytes), buffers, device, lambda: conns, seed)
+        server = InferenceServer(pickle.loads(model_bytes), buffers, device, seed)
         server.version = weights.read_into(server.model, -1, server.device)
         control.send(("ready",))
         started, loading_s = time.perf_counter(), 0.0
