@@ -25,6 +25,10 @@ Layout
   with its env steps (see :class:`CollectedOutputs`).
 - Weights: one shared flat float buffer plus a header ``[seqlock, version]``. The learner
   writes under the seqlock; actors copy a consistent snapshot between unrolls only.
+- With ``runner.inference=central`` the actors hold no weights: each has a second pipe, to the
+  inference server's process (:mod:`impala_rl.actors.inference`), which reads the same weight
+  buffer between batches of requests. The server's end of a restarted actor's new pipe is
+  handed to it over its control pipe; the server failing ends training with its error.
 
 Shared memory comes from torch's file-descriptor strategy, so nothing is left under
 ``/dev/shm`` even when a process is killed.
