@@ -302,17 +302,16 @@ def _server_main(
     weights: Any,
     control: Connection,
     seed: int,
-    num_threads: int,
 ) -> None:
     """The inference process: serve the actors whose pipes arrive on ``control``
     (``("actor", index, pipe)``), load each newer version of ``weights`` between two batches,
     stop on ``None`` or when the learner is gone; an error is sent back as text."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process handles Ctrl-C
-    torch.set_num_threads(num_threads)
+    torch.set_num_threads(1)  # see InferenceProcess
     conns: dict[int, Connection] = {}
     try:
         server = InferenceServer(pickle.loads(model_bytes), buffers, device, seed)
-        server.version = weights.read_into(server.model, -1, server.device)
+        server.version = weights.read_into(server.model, -1)
         control.send(("ready",))
         started, loading_s = time.perf_counter(), 0.0
         while True:
@@ -327,9 +326,10 @@ def _server_main(
                 if index in conns:
                     conns[index].close()
                 conns[index] = conn
-            if int(weights.header[1]) != server.version:
-                t = time.perf_counter()
-                server.version = weights.read_into(server.model, server.version, server.device)
+            t = time.perf_counter()
+            version = weights.read_into(server.model, server.version)
+            if version != server.version:
+                server.version = version
                 loading_s += time.perf_counter() - t
         wall = time.perf_counter() - started
         control.send(("stats", server.stats(wall, loading_s)))
@@ -350,8 +350,8 @@ class InferenceProcess:
     """The learner's handle on the inference server's process (see the module doc).
 
     ``ctx`` is the backend's multiprocessing context; ``weights`` its ``SharedWeights``
-    (published after every update). The server keeps ``num_threads`` torch threads: more
-    would spin against the actor processes on their cores (on a CPU, batches of 16 Pong
+    (published after every update). The server keeps one torch thread: more would spin
+    against the actor processes on their cores (on a CPU, batches of 16 Pong
     frames took 130-220 ms instead of 3-12 with two threads on two busy cores).
     :meth:`add_actor` hands the server an actor's end of its inference pipe (again after a
     restart); :meth:`check` raises the server's error, or that it died.
@@ -365,7 +365,6 @@ class InferenceProcess:
         device: torch.device | str,
         weights: Any,
         seed: int,
-        num_threads: int = 1,
         start_timeout_s: float = 120.0,
     ):
         self._lock = threading.Lock()
@@ -375,7 +374,7 @@ class InferenceProcess:
         self.process = ctx.Process(
             target=_server_main,
             name="impala-inference",
-            args=(pickle.dumps(model), buffers, str(device), weights, child, seed, num_threads),
+            args=(pickle.dumps(model), buffers, str(device), weights, child, seed),
             daemon=True,
         )
         self.process.start()
@@ -386,7 +385,6 @@ class InferenceProcess:
         if not self.control.poll(timeout):
             self.stop()
             raise RuntimeError(f"the inference process did not start within {timeout:.0f} s")
-        self._read()
         self.check()
 
     def _read(self) -> None:

@@ -91,17 +91,15 @@ class SharedWeights:
         self.header[1] = version
         self.header[0] += 1  # even: consistent
 
-    def read_into(
-        self, model: torch.nn.Module, known_version: int, device: torch.device | None = None
-    ) -> int:
+    def read_into(self, model: torch.nn.Module, known_version: int) -> int:
         """Copy the weights into ``model`` if newer than ``known_version``; returns the version.
 
-        With a GPU ``device`` (the model's) the snapshot goes through one pinned buffer and one
-        upload, and the model loads it from the device: a third of a state dict's pageable
-        per-tensor copies for Pong's CNN.
+        A model on a GPU (central inference's) gets the snapshot through one pinned buffer and
+        one upload, then loads it on the device, instead of one pageable copy per tensor.
         """
         staging = None
-        if device is not None and device.type == "cuda":
+        device = next(model.parameters()).device
+        if device.type == "cuda":
             if self._pinned is None:
                 self._pinned = torch.empty_like(self.buffer).pin_memory()
             staging = self._pinned
