@@ -18,8 +18,9 @@ env.kwargs.vector_threads=1``):
 (d) GPU utilisation and memory while (b) trains (``nvidia-smi`` every second; "no GPU" without
     it), between the first and the last epoch and over the whole process.
 
-With ``runner.inference=central``, (b) also prints the inference server's own figures from its
-closing log line: requests per batch, milliseconds per batch, its busy and weight-loading shares.
+With ``runner.inference=central``, (b) also prints the inference servers' own figures from
+their closing log lines: requests per batch, milliseconds per batch, busy and weight-loading
+shares (over ``runner.inference_servers`` servers: per batch weighted, shares averaged).
 
 Evaluation is cut to one step of one episode (``algorithm.rollout_evaluator.*``) and, unless
 the overrides set it, ``algorithm.epoch_length`` is chosen for ~50 epochs if training ran at
@@ -382,23 +383,45 @@ def train(
 
 
 SERVER_LINE = re.compile(
-    r"inference\s+server:\s+(?P<batches>\d+)\s+batches\s+of\s+(?P<requests>[\d.]+)\s+"
-    r"requests,\s+(?P<ms>[\d.]+)\s+ms\s+each;\s+busy\s+(?P<busy>\d+)%\s+of\s+the\s+time,"
-    r"\s+loading\s+weights\s+(?P<loading>\d+)%"
+    r"inference\s+server(\s+\d+\s+of\s+\d+)?:\s+(?P<batches>\d+)\s+batches\s+of\s+"
+    r"(?P<requests>[\d.]+)\s+requests,\s+(?P<ms>[\d.]+)\s+ms\s+each;\s+busy\s+(?P<busy>\d+)%"
+    r"\s+of\s+the\s+time,\s+loading\s+weights\s+(?P<loading>\d+)%"
 )
 
 
-def server_figures(log_text: str) -> dict[str, float] | None:
-    """Central inference's closing line in a training log (wrapped by the console or not)."""
-    match = SERVER_LINE.search(re.sub(r"\s*\n\s*(INFO\s+)?", " ", log_text))
-    if match is None:
+def server_figures(log_text: str) -> dict[str, Any] | None:
+    """Central inference's closing lines in a training log (wrapped by the console or not),
+    over every server: batches summed, per-batch figures weighted by batches, shares
+    averaged; ``per_server`` keeps each line's."""
+    text = re.sub(r"\s*\n\s*(INFO\s+)?", " ", log_text)
+    servers = [
+        {
+            "batches": int(m["batches"]),
+            "requests_per_batch": float(m["requests"]),
+            "ms_per_batch": float(m["ms"]),
+            "busy_percent": float(m["busy"]),
+            "loading_weights_percent": float(m["loading"]),
+        }
+        for m in SERVER_LINE.finditer(text)
+    ]
+    if not servers:
         return None
+    batches = sum(s["batches"] for s in servers)
+
+    def per_batch(key: str) -> float:
+        return sum(s[key] * s["batches"] for s in servers) / max(1, batches)
+
+    def mean(key: str) -> float:
+        return sum(s[key] for s in servers) / len(servers)
+
     return {
-        "batches": int(match["batches"]),
-        "requests_per_batch": float(match["requests"]),
-        "ms_per_batch": float(match["ms"]),
-        "busy_percent": float(match["busy"]),
-        "loading_weights_percent": float(match["loading"]),
+        "servers": len(servers),
+        "batches": batches,
+        "requests_per_batch": per_batch("requests_per_batch"),
+        "ms_per_batch": per_batch("ms_per_batch"),
+        "busy_percent": mean("busy_percent"),
+        "loading_weights_percent": mean("loading_weights_percent"),
+        "per_server": servers,
     }
 
 
@@ -527,7 +550,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     server = training["inference_server"]
     if server is not None:
         print(
-            f"    inference server: {server['requests_per_batch']:.1f} requests per batch, "
+            f"    inference ({server['servers']} server(s)): "
+            f"{server['requests_per_batch']:.1f} requests per batch, "
             f"{server['ms_per_batch']:.2f} ms each, busy {server['busy_percent']:.0f}%, "
             f"loading weights {server['loading_weights_percent']:.0f}%",
             flush=True,

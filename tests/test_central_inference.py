@@ -204,24 +204,30 @@ def test_weights_loaded_into_the_server_act_with_their_version():
     torch.testing.assert_close(acted.log_prob, model.policy(0, obs).log_prob(acted.action))
 
 
-def _subprocess_actors(max_actor_restarts: int = 3) -> SubprocessDistributedActors:
+def _subprocess_actors(
+    max_actor_restarts: int = 3, servers: int = 1
+) -> SubprocessDistributedActors:
     factory = EnvFactory("CartPole-v1")
     model = _model(factory, core="lstm", shared_torso=True, lstm_hidden_size=8)
     cfg = ImpalaAlgorithmConfig(
         num_actors=2, envs_per_actor=2, n_rollout_steps=8, actors_batch_size=2
     )
-    runner = RunnerConfig(inference="central", max_actor_restarts=max_actor_restarts)
+    runner = RunnerConfig(
+        inference="central", inference_servers=servers, max_actor_restarts=max_actor_restarts
+    )
     return SubprocessDistributedActors(factory, model, cfg, 0, runner=runner, device="cpu")
 
 
-def test_subprocess_actors_with_central_inference_survive_a_killed_actor():
-    actors = _subprocess_actors()
+@pytest.mark.parametrize("servers", [1, 2])
+def test_subprocess_actors_with_central_inference_survive_a_killed_actor(servers):
+    """With two servers actor 1 is the second's: its restart reaches that server again."""
+    actors = _subprocess_actors(servers=servers)
     with actors:
         for _ in range(3):
             out = actors.collect_outputs("cpu")
             actors.broadcast_updated_policy(actors._template.state_dict())
         assert int(out.batch["policy_version"].max()) >= 1  # the server's versions are stamped
-        victim = actors.actors[0].process.pid
+        victim = actors.actors[1].process.pid
         os.kill(victim, signal.SIGKILL)  # most likely waiting on the server: mid-request
         wait_until(lambda: actors.restarts == 1, 15, "the restart")
         seen: set[int] = set()
@@ -229,22 +235,26 @@ def test_subprocess_actors_with_central_inference_survive_a_killed_actor():
         while seen != {0, 1} and time.monotonic() < deadline:
             seen.update(actors.collect_outputs("cpu").batch["actor_index"].tolist())
         assert seen == {0, 1}
-        assert actors.server is not None
-        actors.server.check()  # the server served the restarted actor's new pipe
-        pids = [a.process.pid for a in actors.actors] + [actors.server.process.pid]
-    for pid in pids:  # the actors and the server's process are stopped and joined
+        assert len(actors.servers) == servers
+        for server in actors.servers:
+            server.check()  # the restarted actor's new pipe was served
+        pids = [a.process.pid for a in actors.actors] + [s.process.pid for s in actors.servers]
+    assert all(s.stats and s.stats["batches"] > 0 for s in actors.servers)  # each one served
+    for pid in pids:  # the actors and the servers' processes are stopped and joined
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
 
-def test_a_killed_inference_process_ends_the_run_with_an_error_not_a_hang():
-    actors = _subprocess_actors()
+@pytest.mark.parametrize("servers", [1, 2])
+def test_a_killed_inference_process_ends_the_run_with_an_error_not_a_hang(servers):
+    actors = _subprocess_actors(servers=servers)
+    which = " 2 of 2" if servers == 2 else ""
     with actors:
         actors.collect_outputs("cpu")
         actors.broadcast_updated_policy(actors._template.state_dict())
-        server_pid = actors.server.process.pid
+        server_pid = actors.servers[-1].process.pid
         os.kill(server_pid, signal.SIGKILL)
-        with pytest.raises(ActorError, match="inference process exited with code -9"):
+        with pytest.raises(ActorError, match=f"inference process{which} exited with code -9"):
             for _ in range(50):  # a batch or two may have been prefetched before the kill
                 actors.collect_outputs("cpu")
         pids = [a.process.pid for a in actors.actors if a.process is not None]
@@ -253,14 +263,16 @@ def test_a_killed_inference_process_ends_the_run_with_an_error_not_a_hang():
             os.kill(pid, 0)
 
 
-def test_the_server_reports_its_figures_when_it_stops(caplog):
-    """The closing log line says how busy the server was; benchmarks/gpu_box.py reads it."""
+@pytest.mark.parametrize("servers", [1, 2])
+def test_the_server_reports_its_figures_when_it_stops(caplog, servers):
+    """Each server's closing log line says how busy it was; benchmarks/gpu_box.py reads and
+    sums them."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     try:
         from gpu_box import server_figures
     finally:
         sys.path.pop(0)
-    actors = _subprocess_actors()
+    actors = _subprocess_actors(servers=servers)
     with caplog.at_level(logging.INFO, logger="impala_rl.actors.inference"):
         with actors:
             for _ in range(2):
@@ -268,8 +280,10 @@ def test_the_server_reports_its_figures_when_it_stops(caplog):
                 actors.broadcast_updated_policy(actors._template.state_dict())
     figures = server_figures(caplog.text)
     assert figures is not None, caplog.text
-    assert figures["batches"] >= 2 * 8  # two batches of two actors' unrolls of 8 steps
-    assert 1.0 <= figures["requests_per_batch"] <= 2.0  # two actors
+    assert figures["servers"] == servers
+    # two batches of two actors' unrolls of 8 steps; with two servers, one actor each
+    assert figures["batches"] >= 2 * 8 * servers
+    assert 1.0 <= figures["requests_per_batch"] <= 2.0 / servers
     assert 0 <= figures["busy_percent"] <= 100
 
 
@@ -280,6 +294,20 @@ def test_central_inference_needs_the_subprocess_backend():
         load_config("cartpole", ["runner.inference=gpu"])
     cfg = load_config("cartpole", ["runner.backend=subprocess", "runner.inference=central"])
     assert cfg.runner.inference == "central"
+
+
+def test_several_inference_servers_need_central_inference_and_an_actor_each():
+    central = ["runner.backend=subprocess", "runner.inference=central"]
+    with pytest.raises(ConfigError, match=r"runner\.inference_servers.*runner\.inference=actor"):
+        load_config("cartpole", ["runner.backend=subprocess", "runner.inference_servers=2"])
+    with pytest.raises(ConfigError, match=r"runner\.inference_servers.*num_actors=2"):
+        load_config("cartpole", [*central, "algorithm.num_actors=2", "runner.inference_servers=3"])
+    with pytest.raises(ConfigError, match=r"runner\.inference_servers"):
+        load_config("cartpole", [*central, "runner.inference_servers=0"])
+    cfg = load_config(
+        "cartpole", [*central, "algorithm.num_actors=2", "runner.inference_servers=2"]
+    )
+    assert cfg.runner.inference_servers == 2
 
 
 def _train_central(tmp_path, *overrides: str) -> dict:

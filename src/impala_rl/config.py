@@ -271,9 +271,14 @@ class RunnerConfig:
     ``ray`` (clusters)."""
     inference: str = "actor"
     """Where the policy acts: ``actor`` (each actor process runs its own copy, loaded between
-    unrolls) or ``central`` (actor processes only step envs; one server process batches every
+    unrolls) or ``central`` (actor processes only step envs; a server process batches every
     waiting actor's observations and acts on ``algorithm.device``: for a GPU box; subprocess
     backend only)."""
+    inference_servers: int = 1
+    """``runner.inference=central``: server processes (Sample Factory's policy workers), actor
+    ``i`` served by server ``i % inference_servers``. One server's Python work per batch caps
+    the actors it can serve; add one when its closing log line says it was busy most of the
+    time and the device has room."""
     start_method: str = "forkserver"
     """How actor processes start: ``forkserver`` or ``spawn`` (safe), ``fork`` (only when the
     learner process has no threads yet)."""
@@ -611,6 +616,7 @@ RULES: dict[str, Rule] = {
     "runner.backend": one_of(BACKENDS),
     "runner.start_method": one_of(START_METHODS),
     "runner.inference": one_of(INFERENCE_PLACES),
+    "runner.inference_servers": at_least(1, integer=True),
     "runner.max_actor_restarts": at_least(0, integer=True),
     "runner.learner_threads": at_least(1, integer=True, nullable=True),
     "runner.shutdown_timeout_s": above(0),
@@ -710,6 +716,18 @@ def validate(cfg: RunConfig) -> None:
             cfg.runner.inference,
         )
     a = cfg.algorithm
+    if cfg.runner.inference_servers > 1 and cfg.runner.inference != "central":
+        _refuse(
+            "runner.inference_servers",
+            "1 with runner.inference=actor (each actor acts itself)",
+            cfg.runner.inference_servers,
+        )
+    if cfg.runner.inference_servers > a.num_actors:
+        _refuse(
+            "runner.inference_servers",
+            f"at most algorithm.num_actors={a.num_actors} (a server without actors idles)",
+            cfg.runner.inference_servers,
+        )
     check_queue_out_of_sync_factor(a)
     if a.num_actors % a.num_learners:
         _refuse(

@@ -1,4 +1,4 @@
-"""Central inference (``runner.inference=central``): actors step envs, one server process acts.
+"""Central inference (``runner.inference=central``): actors step envs, server processes act.
 
 Each actor process owns a row of every request and response field below (shared tensors
 ``[num_actors, M, ...]``, ``M = envs_per_actor * n_agents``: the most decisions one call
@@ -9,7 +9,9 @@ actor's :class:`CentralActing` writes a group's observations (and its first flag
 and last inputs when the model reads them) into its rows, sends ``(kind, step_key, n)`` and
 waits; the server gathers every waiting actor's request, runs the policy once per
 ``(kind, step key)`` on its device, samples, writes actions and log-probs (or values) back
-into the rows and answers each actor with the version of the weights it used. The actor
+into the rows and answers each actor with the version of the weights it used (with
+``runner.inference_servers`` above 1, each server does this for its share of the actors, on
+the same fields and weights). The actor
 stamps the oldest version of an unroll on its slot, so V-trace's behaviour policy and
 ``max_policy_lag`` refer to the weights that acted.
 
@@ -354,7 +356,8 @@ class InferenceProcess:
     against the actor processes on their cores (on a CPU, batches of 16 Pong
     frames took 130-220 ms instead of 3-12 with two threads on two busy cores).
     :meth:`add_actor` hands the server an actor's end of its inference pipe (again after a
-    restart); :meth:`check` raises the server's error, or that it died.
+    restart); :meth:`check` raises the server's error, or that it died. ``index`` of ``count``
+    servers (``runner.inference_servers``) names it in its messages.
     """
 
     def __init__(
@@ -366,14 +369,17 @@ class InferenceProcess:
         weights: Any,
         seed: int,
         start_timeout_s: float = 120.0,
+        index: int = 0,
+        count: int = 1,
     ):
+        self.label = f" {index + 1} of {count}" if count > 1 else ""  # among several servers
         self._lock = threading.Lock()
         self._error: str | None = None
         self.stats: dict[str, float] | None = None  # the server's, once stopped
         self.control, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(
             target=_server_main,
-            name="impala-inference",
+            name=f"impala-inference-{index}" if count > 1 else "impala-inference",
             args=(pickle.dumps(model), buffers, str(device), weights, child, seed),
             daemon=True,
         )
@@ -384,7 +390,9 @@ class InferenceProcess:
     def _expect_ready(self, timeout: float) -> None:
         if not self.control.poll(timeout):
             self.stop()
-            raise RuntimeError(f"the inference process did not start within {timeout:.0f} s")
+            raise RuntimeError(
+                f"the inference process{self.label} did not start within {timeout:.0f} s"
+            )
         self.check()
 
     def _read(self) -> None:
@@ -416,10 +424,10 @@ class InferenceProcess:
                 self.process.join(timeout=wait_s)
             self._read()
             if self._error is not None:
-                raise RuntimeError(f"the inference process failed:\n{self._error}")
+                raise RuntimeError(f"the inference process{self.label} failed:\n{self._error}")
             if self.process.exitcode is not None:
                 raise RuntimeError(
-                    f"the inference process exited with code {self.process.exitcode}"
+                    f"the inference process{self.label} exited with code {self.process.exitcode}"
                 )
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -437,8 +445,9 @@ class InferenceProcess:
         if self.stats:
             st = self.stats
             log.info(
-                "inference server: %d batches of %.1f requests, %.2f ms each; busy %.0f%% of "
+                "inference server%s: %d batches of %.1f requests, %.2f ms each; busy %.0f%% of "
                 "the time, loading weights %.0f%%",
+                self.label,
                 st["batches"],
                 st["requests_per_batch"],
                 st["ms_per_batch"],

@@ -25,10 +25,11 @@ Layout
   with its env steps (see :class:`CollectedOutputs`).
 - Weights: one shared flat float buffer plus a header ``[seqlock, version]``. The learner
   writes under the seqlock; actors copy a consistent snapshot between unrolls only.
-- With ``runner.inference=central`` the actors hold no weights: each has a second pipe, to the
-  inference server's process (:mod:`impala_rl.actors.inference`), which reads the same weight
-  buffer between batches of requests. The server's end of a restarted actor's new pipe is
-  handed to it over its control pipe; the server failing ends training with its error.
+- With ``runner.inference=central`` the actors hold no weights: each has a second pipe, to
+  its inference server's process (:mod:`impala_rl.actors.inference`; actor ``i`` to server
+  ``i % runner.inference_servers``), which reads the same weight buffer between batches of
+  requests. The server's end of a restarted actor's new pipe is handed to it over its control
+  pipe; a server failing ends training with its error.
 
 Shared memory comes from torch's file-descriptor strategy, so nothing is left under
 ``/dev/shm`` even when a process is killed.
@@ -221,7 +222,8 @@ class SubprocessDistributedActors(DistributedActors):
         self.runner = runner
         self.central = getattr(runner, "inference", "actor") == "central"
         self.device = torch.device(device)
-        self.server: InferenceProcess | None = None
+        self.num_servers = getattr(runner, "inference_servers", 1) if self.central else 0
+        self.servers: list[InferenceProcess] = []
         self.start_method = getattr(runner, "start_method", "forkserver")
         self.max_restarts = getattr(runner, "max_actor_restarts", 3)
         self.shutdown_timeout_s = getattr(runner, "shutdown_timeout_s", 10.0)
@@ -289,9 +291,20 @@ class SubprocessDistributedActors(DistributedActors):
         try:
             if self.central:
                 self._requests = allocate_requests(spec, cfg.num_actors, spec.N)
-                self.server = InferenceProcess(
-                    self.ctx, self._template, self._requests, self.device, self.weights, self.seed
-                )
+                n = self.num_servers
+                for s in range(n):  # each its own sampler seed, apart from the actors'
+                    self.servers.append(
+                        InferenceProcess(
+                            self.ctx,
+                            self._template,
+                            self._requests,
+                            self.device,
+                            self.weights,
+                            self.seed if s == 0 else actor_seed(self.seed, cfg.num_actors + s),
+                            index=s,
+                            count=n,
+                        )
+                    )
             for actor in self.actors:
                 self._spawn(actor)
                 self._give_slot(actor)
@@ -334,7 +347,7 @@ class SubprocessDistributedActors(DistributedActors):
         child_conn.close()
         if infer_child is not None:
             infer_child.close()
-            self.server.add_actor(actor.index, infer_parent)  # type: ignore[union-attr]
+            self.servers[actor.index % self.num_servers].add_actor(actor.index, infer_parent)
         actor.process, actor.conn = process, parent_conn
         actor.delivered = 0
         actor.starts += 1
@@ -357,8 +370,8 @@ class SubprocessDistributedActors(DistributedActors):
         dispatcher = getattr(self, "_dispatcher", None)
         if dispatcher is not None:
             dispatcher.join(timeout=self.shutdown_timeout_s)
-        if self.server is not None:
-            self.server.stop()
+        for server in self.servers:
+            server.stop()
         for actor in self.actors:
             if actor.conn is not None:
                 try:
@@ -421,7 +434,7 @@ class SubprocessDistributedActors(DistributedActors):
             return
         if msg[0] == "error":
             _, index, summary, text = msg
-            self._error = self._server_failure(wait_s=1.0) or ActorError(
+            self._error = self._server_failure(of_actor=index) or ActorError(
                 f"actor {index} failed: {summary}\n{text}"
             )
             self._lock.notify_all()
@@ -451,7 +464,7 @@ class SubprocessDistributedActors(DistributedActors):
         actor.process = actor.conn = None
         if failed:
             return
-        self._error = self._server_failure(wait_s=1.0)  # its actors lose their answers
+        self._error = self._server_failure(of_actor=actor.index)  # its answers are lost
         if self._error is not None:
             self._lock.notify_all()
             return
@@ -530,15 +543,16 @@ class SubprocessDistributedActors(DistributedActors):
             self._batches.append((out, oldest, results))
             self._lock.notify_all()
 
-    def _server_failure(self, wait_s: float = 0.0) -> ActorError | None:
-        """Central inference's error, or that its process is gone (None while it serves);
-        ``wait_s`` where an actor's failure may be the server's."""
-        if self.server is None:
-            return None
-        try:
-            self.server.check(wait_s)
-        except RuntimeError as exc:
-            return ActorError(f"central inference: {exc}")
+    def _server_failure(self, of_actor: int | None = None) -> ActorError | None:
+        """Central inference's error, or that a server's process is gone (None while they
+        serve); ``of_actor``: an actor whose failure may be its server's (waited for up to a
+        second: the actor can see its pipe break before the server's exit code is there)."""
+        for index, server in enumerate(self.servers):
+            serves = of_actor is not None and of_actor % self.num_servers == index
+            try:
+                server.check(1.0 if serves else 0.0)
+            except RuntimeError as exc:
+                return ActorError(f"central inference: {exc}")
         return None
 
     def _slot_version(self, slot_index: int) -> int:
