@@ -320,8 +320,10 @@ def _train_central(tmp_path, *overrides: str) -> dict:
     return Trainer(cfg).train()
 
 
-def test_cartpole_trains_with_central_inference(tmp_path):
-    assert _train_central(tmp_path)["env_steps"] >= 6000
+@pytest.mark.parametrize("servers", [1, 2])
+def test_cartpole_trains_with_central_inference(tmp_path, servers):
+    two = ["algorithm.num_actors=2", "runner.inference_servers=2"] if servers == 2 else []
+    assert _train_central(tmp_path, *two)["env_steps"] >= 6000
     assert threading.active_count() < 10  # the dispatcher thread is gone
 
 
