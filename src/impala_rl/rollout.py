@@ -65,10 +65,16 @@ from impala_rl.nn import Acted, Model, act
 
 
 def allocate_fields(
-    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], share_memory: bool = False
+    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    share_memory: bool = False,
+    pin_memory: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Zeroed tensors for a slot's ``{name: (shape, dtype)}`` (in shared memory if asked)."""
-    slot = {name: torch.zeros(shape, dtype=dtype) for name, (shape, dtype) in shapes.items()}
+    """Zeroed tensors for a slot's ``{name: (shape, dtype)}``: in shared memory, or in pinned
+    memory (for asynchronous uploads to a GPU), if asked."""
+    slot = {
+        name: torch.zeros(shape, dtype=dtype, pin_memory=pin_memory)
+        for name, (shape, dtype) in shapes.items()
+    }
     if share_memory:
         for t in slot.values():
             t.share_memory_()
@@ -141,13 +147,13 @@ class RolloutSpec:
         return fields
 
     def allocate(
-        self, share_memory: bool = False, n_slots: int | None = None
+        self, share_memory: bool = False, n_slots: int | None = None, pin_memory: bool = False
     ) -> dict[str, torch.Tensor]:
         """One slot, or with ``n_slots`` that many stacked: ``{field: [n_slots, ...]}``."""
         shapes = self.field_shapes()
         if n_slots is not None:
             shapes = {k: ((n_slots, *shape), dtype) for k, (shape, dtype) in shapes.items()}
-        return allocate_fields(shapes, share_memory)
+        return allocate_fields(shapes, share_memory, pin_memory)
 
 
 def columns(batch: dict[str, torch.Tensor], index: Any) -> dict[str, torch.Tensor]:

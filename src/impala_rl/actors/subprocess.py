@@ -515,9 +515,7 @@ class SubprocessDistributedActors(DistributedActors):
             oldest = min(r.version for r in rollouts)
             results = [r.result for r in rollouts]
         t0 = time.perf_counter()
-        batch = self._batch_spec.allocate()
-        if device.type == "cuda":
-            batch = {k: v.pin_memory() for k, v in batch.items()}
+        batch = self._batch_spec.allocate(pin_memory=device.type == "cuda")
         n = self._batch_spec.N // self.cfg.actors_batch_size
         for b, slot_index in enumerate(taken):
             block = column_block(batch, b * n, (b + 1) * n)
