@@ -178,13 +178,72 @@ def test_minibatches_split_the_columns_once_each_and_every_field_alike():
         assert sorted(seen.tolist()) == list(range(6))
         for b in blocks:
             cols = b["actor_index"]
-            assert b.keys() == batch.keys()
-            for name, v in b.items():
+            assert b.keys() == {*batch.keys(), "target_log_prob"}
+            for name, v in batch.items():
                 axis = 0 if v.ndim == 1 else 1
-                assert v.shape[axis] == 2
-                torch.testing.assert_close(v, batch[name].index_select(axis, cols))
-    one = Learner(model, ImpalaAlgorithmConfig(policy_loss="appo"))
-    assert list(one.minibatches(batch)) == [batch]
+                assert b[name].shape[axis] == 2
+                torch.testing.assert_close(b[name], batch[name].index_select(axis, cols))
+    impala = Learner(model, ImpalaAlgorithmConfig())
+    assert list(impala.minibatches(batch)) == [batch]
+    (whole,) = Learner(model, ImpalaAlgorithmConfig(policy_loss="appo")).minibatches(batch)
+    assert whole.keys() == {*batch.keys(), "target_log_prob"}
+    assert all(whole[name] is v for name, v in batch.items())
+
+
+def _count_target_forwards(monkeypatch, learner: Learner) -> list[int]:
+    import impala_rl.learner as learner_module
+
+    calls = [0]
+    forward = learner_module.forward_batch
+
+    def counting(model, batch):
+        calls[0] += model is learner.target_model
+        return forward(model, batch)
+
+    monkeypatch.setattr(learner_module, "forward_batch", counting)
+    return calls
+
+
+def test_the_passes_over_a_batch_share_one_forward_pass_of_the_target(monkeypatch):
+    """3 passes x 2 minibatches, the target moved once per batch: one target forward per
+    batch, and the same steps as when every step computes the target's log-probs itself."""
+    model = _model()
+    cfg = ImpalaAlgorithmConfig(policy_loss="appo", num_passes=3, num_minibatches=2)
+    shared, own = Learner(copy.deepcopy(model), cfg), Learner(copy.deepcopy(model), cfg)
+    calls = _count_target_forwards(monkeypatch, shared)
+    for i, batch in enumerate([_batch(model), _batch(model, T=6)]):
+        for learner in (shared, own):
+            torch.manual_seed(i)  # the same shuffles
+            for n in range(cfg.num_passes):
+                for block in learner.minibatches(batch):
+                    target_log_prob = block.pop("target_log_prob")
+                    if learner is shared:
+                        block["target_log_prob"] = target_log_prob
+                    learner.update(block, fresh=n == 0)
+        assert calls[0] == i + 1  # the target moved after the batch's sixth step
+    torch.testing.assert_close(_params(shared.model), _params(own.model))
+    torch.testing.assert_close(_params(shared.target_model), _params(own.target_model))
+
+
+def test_each_step_sees_the_target_of_that_step():
+    """2 passes x 2 minibatches (4 steps per batch). Moving every step, the target's
+    log-probs are computed at each step; moving every 6th step (once in the second batch's
+    second pass) they are attached, and after the move they are the moved target's."""
+    model = _model()
+    for frequency, attached in ((1, False), (6, True)):
+        cfg = ImpalaAlgorithmConfig(
+            policy_loss="appo", num_passes=2, num_minibatches=2, target_update_frequency=frequency
+        )
+        learner = Learner(copy.deepcopy(model), cfg)
+        for batch in (_batch(model), _batch(model, T=6)):
+            for n in range(cfg.num_passes):
+                for block in learner.minibatches(batch):
+                    assert ("target_log_prob" in block) is attached
+                    if attached:
+                        expected = forward_batch(learner.target_model, block).log_prob
+                        torch.testing.assert_close(block["target_log_prob"], expected)
+                    learner.update(block, fresh=n == 0)
+        assert learner.num_updates == 8
 
 
 def test_minibatches_that_do_not_divide_the_columns_are_refused_at_update_time():

@@ -257,6 +257,8 @@ class Learner:
         self.target_model: Model | None = None  # appo: the policy the surrogate clips against
         if cfg.policy_loss == "appo":
             self.target_model = copy.deepcopy(self.model).requires_grad_(False)
+        # appo: (batch, the target's log-probs of its actions) while the target stands
+        self._target_cache: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
 
     @property
     def target_update_frequency(self) -> int:
@@ -265,16 +267,37 @@ class Learner:
 
     def minibatches(self, batch: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
         """One pass over ``batch``: ``num_minibatches`` blocks of its columns, each column in
-        exactly one (shuffled by the global torch generator); the batch itself for one."""
+        exactly one (shuffled by the global torch generator); the batch itself for one.
+
+        appo, when the target moves at most once per batch (the default): each block also
+        carries ``target_log_prob`` ``[T+1, b]``, the target's log-probs of its actions,
+        computed over the whole batch once while the target stands, so the passes over a
+        batch share one forward pass of the target instead of one per optimizer step.
+        """
         n = self.cfg.num_minibatches
+        shared = self.target_model is not None and (
+            self.target_update_frequency >= steps_per_batch(self.cfg)
+        )
         if n == 1:
-            yield batch
+            yield {**batch, "target_log_prob": self._target_log_prob(batch)} if shared else batch
             return
         width = batch["first"].shape[1]
         check_num_minibatches(self.cfg, width)
         order = torch.randperm(width).to(batch["first"].device)
         for idx in order.view(n, width // n):
-            yield columns(batch, idx)
+            block = columns(batch, idx)
+            if shared:  # looked up at each block: the target may have moved since the last
+                block["target_log_prob"] = self._target_log_prob(batch).index_select(1, idx)
+            yield block
+
+    def _target_log_prob(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The target's ``log pi_target(a_t|x_t)`` ``[T+1, B]`` of ``batch``, computed once
+        until the target moves or another batch comes."""
+        assert self.target_model is not None
+        if self._target_cache is None or self._target_cache[0] is not batch:
+            with torch.no_grad():
+                self._target_cache = (batch, forward_batch(self.target_model, batch).log_prob)
+        return self._target_cache[1]
 
     def sync_target(self, tau: float = 1.0) -> None:
         """Move the target network towards the trained one: ``target <- tau * trained + (1 -
@@ -282,6 +305,7 @@ class Learner:
         copied."""
         if self.target_model is None:
             return
+        self._target_cache = None
         with torch.no_grad():
             trained = dict(self.model.named_parameters())
             for name, p in self.target_model.named_parameters():
@@ -371,10 +395,12 @@ class Learner:
 
     # -- the phases of an update, in order -------------------------------------------------------
     def _target_policy(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """appo: the target network's ``log pi_target(a_t|x_t)`` ``[T+1, B]`` (no gradient);
-        ``None`` for impala."""
+        """appo: the target network's ``log pi_target(a_t|x_t)`` ``[T+1, B]`` (no gradient;
+        the one :meth:`minibatches` attached, if it did); ``None`` for impala."""
         if self.target_model is None:
             return None
+        if "target_log_prob" in batch:
+            return batch["target_log_prob"]
         with torch.no_grad():
             return forward_batch(self.target_model, batch).log_prob
 
