@@ -22,6 +22,10 @@ With ``runner.inference=central``, (b) also prints the inference servers' own fi
 their closing log lines: requests per batch, milliseconds per batch, busy and weight-loading
 shares (over ``runner.inference_servers`` servers: per batch weighted, shares averaged).
 
+``--vs 'key=value ...'`` (repeatable) trains again with those overrides added, in the same
+call, and ends with every variant's ratio side by side; (a) is measured once per
+envs-per-actor count among them.
+
 Evaluation is cut to one step of one episode (``algorithm.rollout_evaluator.*``) and, unless
 the overrides set it, ``algorithm.epoch_length`` is chosen for ~50 epochs if training ran at
 the env bound (a), ~10 at a fifth of it; overrides given here win over both. ``--out FILE``
@@ -33,6 +37,9 @@ minutes.
         algorithm.actors_batch_size=4 env.kwargs.vector_threads=1
     python benchmarks/gpu_box.py --procs 2 --env-seconds 10 --train-seconds 40 \\
         pong algorithm.device=cpu algorithm.num_actors=1            # a CPU-only check
+    python benchmarks/gpu_box.py --env-seconds 10 --train-seconds 60 \\
+        --vs 'runner.inference_servers=2' pong algorithm.device=cuda algorithm.num_actors=16 \\
+        algorithm.actors_batch_size=2 env.kwargs.vector_threads=1 runner.inference=central
 """
 
 from __future__ import annotations
@@ -462,6 +469,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--run-dir", type=Path, help="keep the training run here (default: temp)")
     parser.add_argument("--out", help="write every figure as JSON here ('-': stdout)")
     parser.add_argument(
+        "--vs",
+        action="append",
+        default=[],
+        metavar="'key=value ...'",
+        help="then train again with these overrides added (repeatable); (a) is measured once "
+        "per envs-per-actor count",
+    )
+    parser.add_argument(
         "items",
         nargs="*",
         metavar="[PRESET] key=value",
@@ -480,15 +495,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    from impala_rl.config import load_config
-
-    t0 = time.monotonic()
-    cfg = load_config(args.preset, args.overrides)
+def _bound_for(args: argparse.Namespace, cfg: Any, bounds: dict[int, dict]) -> dict[str, Any]:
+    """(a) for ``cfg``'s envs per actor, measured once per envs-per-actor count."""
     env_cfg = cfg.env
     if "vector_threads" in env_cfg.kwargs:  # one stepping thread per process: one core each
         env_cfg.kwargs = {**env_cfg.kwargs, "vector_threads": 1}
     n_envs = cfg.algorithm.envs_per_actor
+    if n_envs in bounds:
+        return bounds[n_envs]
     frames = _frames_per_step(env_cfg)
     print(
         f"(a) env bound: {args.procs} processes x {n_envs} envs of {args.preset}'s env "
@@ -505,8 +519,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         + f"; per process {min(per):,.0f}-{max(per):,.0f}",
         flush=True,
     )
+    bounds[n_envs] = bound
+    return bound
 
-    overrides = list(args.overrides)
+
+def measure(
+    args: argparse.Namespace, overrides: list[str], bounds: dict[int, dict], run_dir: Path | None
+) -> dict[str, Any]:
+    """(a) (when not measured yet for these envs per actor) to (d) for one set of overrides."""
+    from impala_rl.config import load_config
+
+    cfg = load_config(args.preset, overrides)
+    bound = _bound_for(args, cfg, bounds)
+    rate_a = bound["env_steps_per_s"]
+    frames = _frames_per_step(cfg.env)
+    overrides = list(overrides)
     if not any(o.startswith("algorithm.epoch_length=") for o in overrides):
         alg = cfg.algorithm
         steps_per_update = alg.n_rollout_steps * alg.envs_per_actor * alg.actors_batch_size
@@ -518,7 +545,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     sampler = GpuSampler()
     with tempfile.TemporaryDirectory(prefix="impala-gpu-box-") as tmp:
-        run_dir = args.run_dir or Path(tmp, "run")
+        run_dir = run_dir or Path(tmp, "run")
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         training = train(args.preset, overrides, args.train_seconds, run_dir, sampler)
     rate_b, shares = training["env_steps_per_s"], training["time_shares"]
@@ -564,23 +591,44 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         _print_gpu("between the first and last epoch", training["gpu_steady"], sampler)
         _print_gpu("whole training process", training["gpu_whole_process"], sampler)
-    total = time.monotonic() - t0
-    print(f"total {total:.0f} s", flush=True)
     return {
-        "preset": args.preset,
-        "overrides": args.overrides,
-        "command": shlex.join(["python", "benchmarks/gpu_box.py", *sys.argv[1:]]),
-        "cpu_count": os.cpu_count(),
-        "gpus": sampler.names,
+        "overrides": overrides,
         "env_bound": bound,
         "training": training,
+        "training_env_steps_per_s": rate_b,  # the whole process's with fewer than two epochs
         "ratio": ratio,
+        "gpus": sampler.names,
         "gpu": {
             "available": bool(sampler.names),
             "error": sampler.error,
             "steady": training["gpu_steady"],
             "whole_process": training["gpu_whole_process"],
         },
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    t0 = time.monotonic()
+    bounds: dict[int, dict] = {}
+    first = measure(args, args.overrides, bounds, args.run_dir)
+    variants = []
+    for extra in args.vs:
+        print(f"--vs {extra}", flush=True)
+        variants.append(measure(args, [*args.overrides, *shlex.split(extra)], bounds, None))
+    if variants:
+        print("training / env bound:")
+        for name, result in [("the overrides", first), *zip(args.vs, variants, strict=True)]:
+            rate = result["training_env_steps_per_s"]
+            print(f"  {_fmt(result['ratio'], '.2f')} ({rate:,.0f} env steps/s): {name}")
+    total = time.monotonic() - t0
+    print(f"total {total:.0f} s", flush=True)
+    return {
+        "preset": args.preset,
+        "command": shlex.join(["python", "benchmarks/gpu_box.py", *sys.argv[1:]]),
+        "cpu_count": os.cpu_count(),
+        **first,
+        "overrides": args.overrides,
+        "variants": [{"vs": extra, **v} for extra, v in zip(args.vs, variants, strict=True)],
         "total_wall_s": total,
     }
 
