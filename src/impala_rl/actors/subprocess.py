@@ -222,8 +222,7 @@ class SubprocessDistributedActors(DistributedActors):
         self.runner = runner
         self.central = getattr(runner, "inference", "actor") == "central"
         self.device = torch.device(device)
-        self.num_servers = getattr(runner, "inference_servers", 1) if self.central else 0
-        self.servers: list[InferenceProcess] = []
+        self.servers: list[InferenceProcess] = []  # central: actor i's is servers[i % len]
         self.start_method = getattr(runner, "start_method", "forkserver")
         self.max_restarts = getattr(runner, "max_actor_restarts", 3)
         self.shutdown_timeout_s = getattr(runner, "shutdown_timeout_s", 10.0)
@@ -291,7 +290,7 @@ class SubprocessDistributedActors(DistributedActors):
         try:
             if self.central:
                 self._requests = allocate_requests(spec, cfg.num_actors, spec.N)
-                n = self.num_servers
+                n = getattr(self.runner, "inference_servers", 1)
                 for s in range(n):  # each its own sampler seed, apart from the actors'
                     self.servers.append(
                         InferenceProcess(
@@ -347,7 +346,7 @@ class SubprocessDistributedActors(DistributedActors):
         child_conn.close()
         if infer_child is not None:
             infer_child.close()
-            self.servers[actor.index % self.num_servers].add_actor(actor.index, infer_parent)
+            self._server_of(actor.index).add_actor(actor.index, infer_parent)
         actor.process, actor.conn = process, parent_conn
         actor.delivered = 0
         actor.starts += 1
@@ -545,13 +544,16 @@ class SubprocessDistributedActors(DistributedActors):
         """Central inference's error, or that a server's process is gone (None while they
         serve); ``of_actor``: an actor whose failure may be its server's (waited for up to a
         second: the actor can see its pipe break before the server's exit code is there)."""
-        for index, server in enumerate(self.servers):
-            serves = of_actor is not None and of_actor % self.num_servers == index
+        serving = None if of_actor is None or not self.servers else self._server_of(of_actor)
+        for server in self.servers:
             try:
-                server.check(1.0 if serves else 0.0)
+                server.check(1.0 if server is serving else 0.0)
             except RuntimeError as exc:
                 return ActorError(f"central inference: {exc}")
         return None
+
+    def _server_of(self, actor_index: int) -> InferenceProcess:
+        return self.servers[actor_index % len(self.servers)]
 
     def _slot_version(self, slot_index: int) -> int:
         return int(self.slots[slot_index]["policy_version"][0])
