@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import impala_rl
+from batches import vector_batch
 from impala_rl import checkpoint
 from impala_rl.policy import load_policy
 
@@ -70,3 +71,47 @@ def test_learner_on_device_trains_checkpoints_and_resumes(tmp_path, device, case
 
     policy = load_policy(run_dir)  # a checkpoint trained on the device acts on CPU
     assert next(policy.model.parameters()).device.type == "cpu"
+
+
+@pytest.mark.parametrize("policy_loss", ["impala", "appo"])
+def test_an_update_reads_its_figures_from_the_device_in_one_copy(monkeypatch, policy_loss):
+    """Every ``float(x)``/``bool(x)``/``x.item()``/``x.tolist()`` of a tensor on a GPU waits for
+    the GPU: an update of a plain env makes one read for its figures and one for the check of
+    float observations, whatever the number of losses, norms and columns (the optimizer's own
+    CPU step counter is not the learner's)."""
+    import math
+    import sys
+
+    import gymnasium as gym
+
+    from impala_rl.config import ImpalaAlgorithmConfig, ModelConfig
+    from impala_rl.learner import Learner
+    from impala_rl.nn.factory import build_model
+
+    reads: list[str] = []
+
+    def counting(name):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            if "impala_rl" in sys._getframe(1).f_code.co_filename:
+                reads.append(name)
+            return original(self, *args, **kwargs)
+
+        return read
+
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(hidden_sizes=[8]), gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2)
+    )
+    learner = Learner(model, ImpalaAlgorithmConfig(policy_loss=policy_loss))
+    batch = vector_batch(5, 4)
+    batch["policy_version"] = torch.tensor([0, 0, 1, 1])
+    learner.update(batch)  # version 1
+    for name in ("__float__", "__bool__", "__int__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    stats = learner.update(batch)
+    assert sorted(reads) == ["__bool__", "tolist"]
+    assert stats.policy_lag == [1, 1, 0, 0]
+    assert math.isfinite(stats.total_loss) and stats.grad_norm > 0
+    assert set(stats.policy_loss) == set(stats.critic_grad_norm) == {0}

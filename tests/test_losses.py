@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from batches import vector_batch
 from impala_rl import losses
 
 
@@ -224,18 +225,8 @@ def test_the_learner_normalizes_advantages_when_asked(monkeypatch):
     model = build_model(
         ModelConfig(hidden_sizes=[8]), gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2)
     )
-    T, B = 5, 4
-    batch = {
-        "obs": torch.randn(T + 1, B, 3),
-        "first": torch.zeros(T + 1, B, dtype=torch.bool),
-        "action": torch.randint(0, 2, (T + 1, B)),
-        "behaviour_log_prob": torch.full((T, B), math.log(0.5)),
-        "reward": 10.0 + torch.randn(T, B),
-        "terminated": torch.zeros(T, B, dtype=torch.bool),
-        "truncated": torch.zeros(T, B, dtype=torch.bool),
-        "truncation_value": torch.zeros(T, B),
-        "policy_version": torch.zeros(B, dtype=torch.int64),
-    }
+    batch = vector_batch(5, 4)
+    batch["reward"] = 10.0 + batch["reward"]
     for flag in (False, True):
         Learner(model, ImpalaAlgorithmConfig(normalize_advantages=flag)).update(batch)
     plain, normalized = seen

@@ -425,5 +425,6 @@ def test_num_passes_takes_that_many_optimizer_steps_per_batch(tmp_path):
 
 
 def test_num_passes_two_still_solves_cartpole(tmp_path):
-    summary = _train(tmp_path, "algorithm.num_passes=2", "max_env_steps=30000")
+    # seeds 0-7 solve at 2.6k-14.7k env steps, seed 0 at 11.5k or 30.7k (V-trace's rounding)
+    summary = _train(tmp_path, "algorithm.num_passes=2", "max_env_steps=40000")
     assert summary["stopped_because"] == "target_return", summary

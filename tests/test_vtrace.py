@@ -419,3 +419,22 @@ def test_from_logits_float_actions_raise():
 def test_from_logits_invalid_lambda_raises():
     with pytest.raises(ValueError, match="lambda_"):
         vtrace.from_logits(**_valid_logits(), lambda_=2.0)
+
+
+@pytest.mark.parametrize("horizon", [1, 2, 3, 7, 8, 80, 129])
+def test_backward_recursion_is_the_sequential_recursion(horizon):
+    """The parallel scan equals ``x_t = deltas_t + decay_t x_{t+1}`` step by step, episode ends
+    (decay 0) included."""
+    gen = torch.Generator().manual_seed(horizon)
+    deltas = torch.randn(horizon, 5, generator=gen, dtype=torch.float64)
+    decay = torch.rand(horizon, 5, generator=gen, dtype=torch.float64)
+    decay[torch.rand(horizon, 5, generator=gen) < 0.1] = 0.0
+    expected = torch.zeros_like(deltas)
+    for b in range(5):
+        acc = 0.0
+        for t in reversed(range(horizon)):
+            acc = float(deltas[t, b]) + float(decay[t, b]) * acc
+            expected[t, b] = acc
+    torch.testing.assert_close(
+        vtrace.backward_recursion(deltas, decay), expected, rtol=1e-12, atol=1e-12
+    )

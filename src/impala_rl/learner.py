@@ -130,27 +130,20 @@ def scheduled_entropy_coef(
     return linear_decay(cfg.entropy_coef, cfg.entropy_coef_final, env_steps, horizon)
 
 
-def _grad_norm(params: list[torch.nn.Parameter]) -> float:
-    norms = [torch.linalg.vector_norm(p.grad.detach()) for p in params if p.grad is not None]
-    if not norms:
-        return 0.0
-    return float(torch.linalg.vector_norm(torch.stack(norms)))
+def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """The global norm of ``params``' gradients, on their device (no host sync)."""
+    grads = [p.grad.detach() for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=params[0].device if params else None)
+    return torch.nn.utils.get_total_norm(grads)
 
 
-def clip_gradients(model: torch.nn.Module, max_grad_norm: float | None) -> float:
-    """Clip the gradients' global norm in place; returns the norm before clipping.
-
-    A finite loss can still have an Inf or NaN gradient, and clipping would turn it into NaN
-    weights at the optimizer step, so a non-finite norm raises before any step is taken.
-    """
+def clip_gradients(model: torch.nn.Module, max_grad_norm: float | None) -> torch.Tensor:
+    """Clip the gradients' global norm in place; returns the norm before clipping, on the
+    gradients' device (the caller checks it is finite before any optimizer step: clipping an
+    Inf or NaN gradient would make NaN weights)."""
     max_norm = max_grad_norm if max_grad_norm else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
-    if not math.isfinite(grad_norm):
-        raise NonFiniteError(
-            f"gradient norm is {grad_norm} with a finite loss; no step was taken. Lower "
-            "algorithm.lr, set algorithm.max_grad_norm, or check the env's observations"
-        )
-    return grad_norm
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
 
 @dataclass
@@ -230,6 +223,25 @@ def update_observation_statistics(
 def _rows(x: torch.Tensor, selection: torch.Tensor | None) -> torch.Tensor:
     """The entries of ``x [T, B]`` that ``selection [T, B]`` picks; all of them for ``None``."""
     return x if selection is None else x[selection]
+
+
+def _to_host(
+    scalars: dict[str, dict[int, torch.Tensor]], lag: torch.Tensor
+) -> tuple[dict[str, dict[int, float]], list[int]]:
+    """An update's figures (0-d tensors by name and key) and its columns' policy lag ``[B]``
+    in one device-to-host copy: on a GPU every ``float(x)`` is a synchronisation."""
+    flat = [(name, key, x) for name, by_key in scalars.items() for key, x in by_key.items()]
+    device = flat[0][2].device
+    packed = torch.cat(
+        [
+            torch.stack([x.detach().to(device, torch.float32).reshape(()) for *_, x in flat]),
+            lag.to(device, torch.float32),
+        ]
+    ).tolist()
+    figures: dict[str, dict[int, float]] = {name: {} for name in scalars}
+    for (name, key, _), value in zip(flat, packed, strict=False):
+        figures[name][key] = value
+    return figures, [round(x) for x in packed[len(flat) :]]
 
 
 class Learner:
@@ -363,31 +375,42 @@ class Learner:
             target_log_prob,
         )
         t2 = time.perf_counter()
-        policy_grad_norm, critic_grad_norm, grad_norm = self._step(
-            total, popart_old, pg_loss, value_loss
-        )
-        self._follow_target()
-        t3 = time.perf_counter()
+        norms = self._backward(total, popart_old, pg_loss, value_loss)
         rho_bar = self.cfg.vtrace_clip_rho_threshold
         rhos = {k: _rows(vt.rhos, rows_of[k]) for k in pg_loss}
-        # a relative tolerance keeps float noise of on-policy ratios (1 + 1e-7) from counting
-        clipped = {
-            k: float((r > rho_bar * (1 + 1e-5)).float().mean()) if rho_bar else 0.0
-            for k, r in rhos.items()
-        }
         values = out.value[:-1].detach()
+        figures, lag = _to_host(
+            {
+                "total": {0: total},
+                "policy_loss": pg_loss,
+                "policy_entropy": {k: -x for k, x in ent_loss.items()},
+                "critic_value_loss": value_loss,
+                "critic_value": {c: _rows(values, critic_rows[c]).mean() for c in value_loss},
+                "vtrace_mean_rho": {k: r.mean() for k, r in rhos.items()},
+                # a relative tolerance keeps float noise of on-policy ratios (1+1e-7) from counting
+                "vtrace_clipped_fraction": {
+                    k: (r > rho_bar * (1 + 1e-5)).float().mean() if rho_bar else r.new_zeros(())
+                    for k, r in rhos.items()
+                },
+                **norms,
+            },
+            self.num_updates - batch["policy_version"],
+        )
+        self._step(figures)
+        self._follow_target()
+        t3 = time.perf_counter()
         return UpdateStats(
-            total_loss=float(total.detach()),
-            policy_loss={k: float(x.detach()) for k, x in pg_loss.items()},
-            policy_entropy={k: float(-x.detach()) for k, x in ent_loss.items()},
-            policy_grad_norm=policy_grad_norm,
-            critic_value_loss={c: float(x.detach()) for c, x in value_loss.items()},
-            critic_value={c: float(_rows(values, critic_rows[c]).mean()) for c in value_loss},
-            critic_grad_norm=critic_grad_norm,
-            grad_norm=grad_norm,
-            vtrace_mean_rho={k: float(r.mean()) for k, r in rhos.items()},
-            vtrace_clipped_fraction=clipped,
-            policy_lag=(self.num_updates - 1 - batch["policy_version"]).tolist(),
+            total_loss=figures["total"][0],
+            policy_loss=figures["policy_loss"],
+            policy_entropy=figures["policy_entropy"],
+            policy_grad_norm=figures["policy_grad_norm"],
+            critic_value_loss=figures["critic_value_loss"],
+            critic_value=figures["critic_value"],
+            critic_grad_norm=figures["critic_grad_norm"],
+            grad_norm=figures["grad_norm"][0],
+            vtrace_mean_rho=figures["vtrace_mean_rho"],
+            vtrace_clipped_fraction=figures["vtrace_clipped_fraction"],
+            policy_lag=lag,
             learning_rate=self.learning_rate,
             entropy_coef=self.entropy_coef,
             timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},
@@ -515,32 +538,42 @@ class Learner:
         if train_policy:
             for k in pg_loss:
                 total = total + cfg.policy_loss_coef * pg_loss[k] + self.entropy_coef * ent_loss[k]
-        if not bool(torch.isfinite(total)):
-            raise NonFiniteError(
-                f"loss is not finite (policy {[float(x) for x in pg_loss.values()]}, value "
-                f"{[float(x) for x in value_loss.values()]}, entropy "
-                f"{[float(x) for x in ent_loss.values()]}); lower algorithm.lr or check the "
-                "env's rewards"
-            )
         return pg_loss, ent_loss, value_loss, total  # type: ignore[return-value]
 
-    def _step(
+    def _backward(
         self, total: torch.Tensor, popart_old: dict[int, Any], pg_loss: dict, value_loss: dict
-    ) -> tuple[dict[int, float], dict[int, float], float]:
-        """Backward, PopArt's output preservation, gradient norms and clipping, the optimizer
-        step. Returns the policy and critic gradient norms and the global one (pre-clip)."""
+    ) -> dict[str, dict[int, torch.Tensor]]:
+        """Backward, PopArt's output preservation, gradient norms and clipping. Returns the
+        policy and critic gradient norms and the global one (pre-clip), on the device."""
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         if self.group is not None:
             self.group.average_gradients(self._params)
         for c, old in popart_old.items():  # after the backward: the graph holds the old layer
             self._popart[c].preserve_outputs(*old)
-        policy_grad_norm = {k: _grad_norm(self._policy_params[k]) for k in pg_loss}
-        critic_grad_norm = {c: _grad_norm(self._critic_params[c]) for c in value_loss}
-        grad_norm = clip_gradients(self.model, self.cfg.max_grad_norm)
+        return {
+            "policy_grad_norm": {k: _grad_norm(self._policy_params[k]) for k in pg_loss},
+            "critic_grad_norm": {c: _grad_norm(self._critic_params[c]) for c in value_loss},
+            "grad_norm": {0: clip_gradients(self.model, self.cfg.max_grad_norm)},
+        }
+
+    def _step(self, figures: dict[str, dict[int, float]]) -> None:
+        """The optimizer step, unless the loss or the gradients are not finite."""
+        if not math.isfinite(figures["total"][0]):
+            raise NonFiniteError(
+                f"loss is not finite (policy {list(figures['policy_loss'].values())}, value "
+                f"{list(figures['critic_value_loss'].values())}, entropy "
+                f"{[-x for x in figures['policy_entropy'].values()]}); lower algorithm.lr or "
+                "check the env's rewards"
+            )
+        if not math.isfinite(figures["grad_norm"][0]):
+            raise NonFiniteError(
+                f"gradient norm is {figures['grad_norm'][0]} with a finite loss; no step was "
+                "taken. Lower algorithm.lr, set algorithm.max_grad_norm, or check the env's "
+                "observations"
+            )
         self.optimizer.step()
         self.num_updates += 1
-        return policy_grad_norm, critic_grad_norm, grad_norm
 
     def _follow_target(self) -> None:
         """appo: after every ``target_update_frequency``-th optimizer step, move the target."""

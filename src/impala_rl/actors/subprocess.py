@@ -86,7 +86,9 @@ class SharedWeights:
         self._pinned: torch.Tensor | None = None  # a reader's staging for a GPU model
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        flat = torch.cat([state_dict[k].detach().reshape(-1).float().cpu() for k in self.keys])
+        """Write ``state_dict`` (on any device) as ``version``: flattened where it lies, then
+        one copy into shared memory (a GPU learner publishes after every optimizer step)."""
+        flat = torch.cat([state_dict[k].detach().reshape(-1).float() for k in self.keys])
         self.header[0] += 1  # odd: writing
         self.buffer.copy_(flat)
         self.header[1] = version

@@ -1,0 +1,82 @@
+"""One batch's learner work as training does it: milliseconds per batch and per optimizer step.
+
+    PYTHONPATH=src python benchmarks/batch_update.py pong_appo
+    PYTHONPATH=src python benchmarks/batch_update.py pong_appo algorithm.device=cuda \\
+        algorithm.actors_batch_size=4 algorithm.envs_per_actor=8
+
+Builds the preset's model and learner for Atari frames (synthetic uint8 ``[4, 84, 84]``, 6
+actions; no env, no actors) and a batch of ``actors_batch_size * envs_per_actor`` columns of
+``n_rollout_steps``, then times what the trainer does per batch: ``num_passes`` passes of
+``num_minibatches`` optimizer steps (``Learner.minibatches``, ``Learner.update``), the weights
+published to shared memory after every step as the subprocess backend does. Prints the median
+and spread (min-max) over ``--repeats`` batches after ``--warmup``. To compare code, run it
+with each version on ``PYTHONPATH`` in the same session and take the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import gymnasium as gym
+import numpy as np
+import torch
+from precision import batch_for
+
+from impala_rl.actors.subprocess import SharedWeights
+from impala_rl.config import load_config
+from impala_rl.learner import Learner
+from impala_rl.nn.factory import build_model
+
+FRAME = (4, 84, 84)
+N_ACTIONS = 6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("preset")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    cfg = load_config(args.preset, args.overrides)
+    alg = cfg.algorithm
+    device = torch.device(alg.device if alg.device != "auto" else "cpu")
+    torch.manual_seed(0)
+    model = build_model(
+        cfg.model, gym.spaces.Box(0, 255, FRAME, np.uint8), gym.spaces.Discrete(N_ACTIONS)
+    )
+    learner = Learner(model, alg, device)
+    weights = SharedWeights(learner.model.state_dict())
+    columns = alg.actors_batch_size * alg.envs_per_actor
+    batch = batch_for(alg.n_rollout_steps, columns, FRAME, N_ACTIONS)
+    batch = {k: v.to(device) for k, v in batch.items()}
+
+    def one_batch() -> None:
+        for n in range(alg.num_passes):
+            for block in learner.minibatches(batch):
+                learner.update(block, fresh=n == 0)
+                weights.publish(learner.model.state_dict(), learner.num_updates)
+
+    times = []
+    for i in range(args.warmup + args.repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        one_batch()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= args.warmup:
+            times.append(1e3 * (time.perf_counter() - t0))
+    steps = alg.num_passes * alg.num_minibatches
+    median = statistics.median(times)
+    print(
+        f"{args.preset} {' '.join(args.overrides)}: {columns} columns x {alg.n_rollout_steps} "
+        f"steps, {steps} optimizer steps per batch on {device}: {median:.1f} ms per batch "
+        f"({min(times):.1f}-{max(times):.1f}), {median / steps:.2f} ms per step"
+    )
+
+
+if __name__ == "__main__":
+    main()
