@@ -41,6 +41,7 @@ import torch.nn.functional as F
 __all__ = [
     "VTraceFromLogitsReturns",
     "VTraceReturns",
+    "backward_recursion",
     "from_importance_weights",
     "from_logits",
 ]
@@ -198,7 +199,7 @@ def backward_recursion(deltas: torch.Tensor, decay: torch.Tensor) -> torch.Tenso
     """
     horizon = deltas.shape[0]
     offset = 1
-    while offset < horizon:  # deltas_t, decay_t: the map x_{t+offset} -> x_t
+    while offset < horizon:  # here x_t = deltas_t + decay_t x_{t+offset}, x_{>=T} = 0
         deltas = torch.cat(
             [torch.addcmul(deltas[:-offset], decay[:-offset], deltas[offset:]), deltas[-offset:]]
         )
