@@ -17,20 +17,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import gymnasium as gym
 import numpy as np
 import torch
+from learners import FRAME, N_ACTIONS, timed
 from precision import batch_for
 
 from impala_rl.actors.subprocess import SharedWeights
 from impala_rl.config import load_config
 from impala_rl.learner import Learner
 from impala_rl.nn.factory import build_model
-
-FRAME = (4, 84, 84)
-N_ACTIONS = 6
 
 
 def main() -> None:
@@ -59,16 +56,9 @@ def main() -> None:
                 learner.update(block, fresh=n == 0)
                 weights.publish(learner.model.state_dict(), learner.num_updates)
 
-    times = []
-    for i in range(args.warmup + args.repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
+    for _ in range(args.warmup):
         one_batch()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= args.warmup:
-            times.append(1e3 * (time.perf_counter() - t0))
+    times = [1e3 * t for t in timed(one_batch, args.repeats, device)]
     steps = alg.num_passes * alg.num_minibatches
     median = statistics.median(times)
     print(

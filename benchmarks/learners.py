@@ -40,7 +40,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn, repeats: int, device: torch.device) -> list[float]:
+def timed(fn, repeats: int, device: torch.device) -> list[float]:
     """Seconds per call of ``fn``, the device synchronised around each."""
     times = []
     for _ in range(repeats):
@@ -72,11 +72,11 @@ def _worker(rank: int, n: int, port: int, args: argparse.Namespace, out: mp.Queu
     }
     for _ in range(args.warmup):
         learner.update(batch)
-    times = _timed(lambda: learner.update(batch), args.repeats, device)
+    times = timed(lambda: learner.update(batch), args.repeats, device)
     reduce_times: list[float] = []
     params = [p for p in learner.model.parameters() if p.requires_grad]
     if group is not None:
-        reduce_times = _timed(lambda: group.average_gradients(params), args.repeats, device)
+        reduce_times = timed(lambda: group.average_gradients(params), args.repeats, device)
         group.close()
     if rank == 0:
         out.put(
