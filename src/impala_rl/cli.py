@@ -105,7 +105,12 @@ def _train(args: argparse.Namespace) -> int:
             raise _UsageError("give a preset or --config FILE, not both")
         cfg = resolve_config(args.config or preset, overrides)
         trainer = Trainer(cfg, run_dir=args.run_dir)
-    summary = trainer.train()
+    try:
+        summary = trainer.train()
+    finally:
+        from impala_rl.actors.subprocess import stop_forkserver
+
+        stop_forkserver()  # this process ends here: nothing it started may outlive it
     print(json.dumps(summary, indent=2))
     return 130 if summary["stopped_because"] == "interrupted" else 0
 
