@@ -108,9 +108,9 @@ def _train(args: argparse.Namespace) -> int:
     try:
         summary = trainer.train()
     finally:
-        from impala_rl.actors.subprocess import stop_forkserver
+        from impala_rl.actors.subprocess import stop_helper_processes
 
-        stop_forkserver()  # this process ends here: nothing it started may outlive it
+        stop_helper_processes()  # this process ends here: nothing it started may outlive it
     print(json.dumps(summary, indent=2))
     return 130 if summary["stopped_because"] == "interrupted" else 0
 

@@ -48,7 +48,7 @@ import sys
 import threading
 import time
 import traceback
-from multiprocessing import forkserver
+from multiprocessing import forkserver, resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -72,13 +72,14 @@ def start_forkserver() -> None:
     forkserver.ensure_running()
 
 
-def stop_forkserver() -> None:
-    """Stop and join this process's forkserver, if it runs: left alone it exits only once it
-    notices its parent is gone (~2 s later), so `impala train` would leave it behind."""
-    server = forkserver._forkserver
-    stop = getattr(server, "_stop", None)  # private in CPython (its tests use it), 3.8 to 3.13
-    if stop is not None and getattr(server, "_forkserver_pid", None) is not None:
-        stop()
+def stop_helper_processes() -> None:
+    """Stop and join the forkserver and the resource tracker, where this process runs them:
+    left alone, each exits only after it notices that its parent is gone, so `impala train`
+    would return with them still there (~2 s for the forkserver)."""
+    for helper in (forkserver._forkserver, resource_tracker._resource_tracker):
+        stop = getattr(helper, "_stop", None)  # private in CPython 3.8-3.13 (its tests use it)
+        if stop is not None:
+            stop()  # a no-op where the helper is not running
 
 
 # -- weights: a flat buffer behind a seqlock --------------------------------------------------
