@@ -77,7 +77,7 @@ def stop_helper_processes() -> None:
     left alone, each exits only after it notices that its parent is gone, so `impala train`
     would return with them still there (~2 s for the forkserver)."""
     for helper in (forkserver._forkserver, resource_tracker._resource_tracker):
-        stop = getattr(helper, "_stop", None)  # private in CPython 3.8-3.13 (its tests use it)
+        stop = getattr(helper, "_stop", None)  # private (CPython's tests use it); absent: left be
         if stop is not None:
             stop()  # a no-op where the helper is not running
 
