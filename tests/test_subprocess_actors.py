@@ -525,15 +525,15 @@ def _impala_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "impala_rl.cli"]
 
 
-def _processes_left(session: int, run_dir: Path, zombies: bool = False) -> list[str]:
-    """Processes of the session or naming the run; with ``zombies``, exited ones that nobody
-    waited for count too (a helper that outlived its parent ends as one)."""
+def _processes_left(session: int, run_dir: Path) -> list[str]:
+    """Processes of the session or naming the run, zombies included: a helper that outlived
+    its parent ends as one where PID 1 does not reap orphans."""
     left = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         fields = _proc_stat(int(entry.name))
-        if fields is None or fields[0] == "X" or (fields[0] == "Z" and not zombies):
+        if fields is None or fields[0] == "X":
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -586,7 +586,7 @@ def test_cli_leaves_no_process_behind_when_it_exits(tmp_path, how):
             code = proc.wait(timeout=120 if how == "completed" else 30)
         except subprocess.TimeoutExpired:
             pytest.fail(f"no exit within the time of {how}:\n{log_path.read_text()}")
-        left = _processes_left(session, run_dir, zombies=True)
+        left = _processes_left(session, run_dir)
         output = log_path.read_text()
         summary = json.loads((run_dir / "summary.json").read_text())
         if how == "completed":
