@@ -345,7 +345,29 @@ def test_the_target_network_is_saved_and_restored_on_resume(tmp_path):
     trainer._build()
     for name, value in trainer.learner.target_model.state_dict().items():
         assert torch.equal(value, saved["target_model"][name]), name
-    assert trainer.learner.num_updates == 3  # the next step (the 4th) moves the target
+    assert trainer.learner.num_updates == 3
+    assert trainer.learner.steps_since_target == 3  # the next step (the 4th) moves the target
+
+
+def test_after_a_resume_that_changes_the_steps_per_batch_the_target_moves_at_each_batch_end(
+    tmp_path, monkeypatch
+):
+    """5 IMPALA updates, then resumed as appo with 2 passes: the target moves after steps 7, 9,
+    11, 13 and 15 (each batch's last), never after the first pass of a batch."""
+    overrides = [*FAST, "algorithm.n_epochs=1", "algorithm.epoch_length=5", "target_return=null"]
+    impala_rl.train("cartpole", overrides, run_dir=tmp_path)
+    moved_at: list[int] = []
+    sync = Learner.sync_target
+
+    def recording_sync(self: Learner, tau: float = 1.0) -> None:
+        moved_at.append(self.num_updates)
+        sync(self, tau)
+
+    monkeypatch.setattr(Learner, "sync_target", recording_sync)
+    resumed = [*overrides, APPO, "algorithm.num_passes=2", "algorithm.n_epochs=2"]
+    summary = impala_rl.train("cartpole", resumed, run_dir=tmp_path, resume=True)
+    assert summary["updates"] == 15
+    assert moved_at == [7, 9, 11, 13, 15]
 
 
 def test_resuming_an_impala_run_as_appo_starts_the_target_at_the_trained_weights(tmp_path):

@@ -271,6 +271,10 @@ class Learner:
             self.target_model = copy.deepcopy(self.model).requires_grad_(False)
         # appo: (batch, the target's log-probs of its actions) while the target stands
         self._target_cache: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
+        # appo: optimizer steps since the target last moved. Counted here, not from
+        # ``num_updates``: a resume that changes the steps per batch must still move the target
+        # at each batch's end (the checkpoint keeps it, see ``target_state``).
+        self.steps_since_target = 0
 
     @property
     def target_update_frequency(self) -> int:
@@ -576,9 +580,14 @@ class Learner:
         self.num_updates += 1
 
     def _follow_target(self) -> None:
-        """appo: after every ``target_update_frequency``-th optimizer step, move the target."""
-        if self.target_model is not None and self.num_updates % self.target_update_frequency == 0:
+        """appo: after every ``target_update_frequency``-th optimizer step since the target
+        last moved, move it."""
+        if self.target_model is None:
+            return
+        self.steps_since_target += 1
+        if self.steps_since_target >= self.target_update_frequency:
             self.sync_target(self.cfg.target_tau)
+            self.steps_since_target = 0
 
 
 def _check_observations(batch: dict[str, torch.Tensor]) -> None:

@@ -287,6 +287,7 @@ class Trainer:
         if self.learner.target_model is not None:  # appo: the saved target network, or the
             # trained weights when the run was not appo before
             self.learner.target_model.load_state_dict(data.get("target_model", data["model"]))
+            self.learner.steps_since_target = data.get("target_steps", 0)
         load_optimizer_state(self.learner.optimizer, data["optimizer"], self.cfg.algorithm)
         self.counters = Counters(**data["counters"])
         # the training return's window carries over, so the first resumed epoch reports the
@@ -391,6 +392,7 @@ class Trainer:
         }
         if self.learner.target_model is not None:  # appo's target network
             payload["target_model"] = self._finite_model_state(self.learner.target_model)
+            payload["target_steps"] = self.learner.steps_since_target
         return payload
 
     def save_checkpoint(self) -> None:
