@@ -115,3 +115,30 @@ def test_an_update_reads_its_figures_from_the_device_in_one_copy(monkeypatch, po
     assert stats.policy_lag == [1, 1, 0, 0]
     assert math.isfinite(stats.total_loss) and stats.grad_norm > 0
     assert set(stats.policy_loss) == set(stats.critic_grad_norm) == {0}
+
+
+@pytest.mark.parametrize(
+    ("name", "cuda", "gpus", "mps"),
+    [
+        ("cuda", False, 0, False),
+        ("cuda:0", False, 0, False),
+        ("cuda:2", True, 2, False),
+        ("mps", False, 0, False),
+    ],
+)
+def test_a_device_this_machine_lacks_is_a_config_error_naming_the_field(
+    monkeypatch, name, cuda, gpus, mps
+):
+    """Issue 41.3: refused with what this machine has, before anything starts."""
+    from impala_rl.config import ConfigError
+    from impala_rl.trainer import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    with pytest.raises(ConfigError) as info:
+        resolve_device(name)
+    msg = str(info.value)
+    assert f"'algorithm.device': '{name}'" in msg and "valid: " in msg and "cpu" in msg
+    assert resolve_device("auto") == torch.device("cuda" if cuda else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")

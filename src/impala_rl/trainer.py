@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing as mp
 import os
 import random
+import select
 import signal
+import socket
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -89,11 +93,25 @@ class Counters:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``algorithm.device`` on this machine. The config checks the name; whether the machine
+    has that device is checked here, when a run starts (before it builds or starts anything),
+    and refused as a :class:`ConfigError` that says what this machine has."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"algorithm.device={name!r} but CUDA is not available; use cpu or auto")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type == "cuda" and (gpus == 0 or (device.index or 0) >= gpus):
+        have = "no CUDA device" if gpus == 0 else f"{gpus} CUDA device(s)"
+        valid = "cpu | auto" if gpus == 0 else f"cpu | cuda | cuda:N with N < {gpus} | auto"
+        raise ConfigError(
+            f"invalid value for 'algorithm.device': {name!r}; valid: {valid} (this machine "
+            f"has {have})"
+        )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(
+            f"invalid value for 'algorithm.device': {name!r}; valid: cpu | auto (MPS is not "
+            "available on this machine)"
+        )
     return device
 
 
@@ -127,30 +145,151 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return Path("runs") / f"{env}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-@contextmanager
-def _stop_on_signals(flag: dict[str, bool]) -> Iterator[None]:
-    """First Ctrl-C / SIGTERM asks the loop to stop after the current update; a second aborts."""
+# After a second Ctrl-C the run has this long to end by itself (its step finished, the final
+# checkpoint written, every process it started stopped); then the process ends itself.
+SECOND_SIGNAL_GRACE_S = 5.0
+# How long the processes it started get to exit after SIGTERM when a process ends itself.
+CHILDREN_GRACE_S = 5.0
 
-    def handler(signum: int, frame: Any) -> None:
-        if flag["stop"]:
-            if flag["in_step"]:  # abort once the step's state is consistent (see _one_step)
-                flag["abort"] = True
-                return
-            raise KeyboardInterrupt
-        flag["stop"] = True
+
+class _SignalWatch:
+    """``signums`` handled by ``handler`` in the main thread, and seen by a thread of their own.
+
+    Python runs a signal handler in the main thread between bytecodes only: while that thread
+    waits in native code (a collective for a learner that stalled, an env step in C) no
+    handler runs, and no handler alone can promise that a second Ctrl-C ends the run. The
+    C-level handler still writes each signal's number to the wakeup fd
+    (:func:`signal.set_wakeup_fd`), which the watch's thread reads: ``grace_s`` after the
+    ``end_after``-th signal, or at one more, it calls ``end`` unless the main thread has left
+    the watch by then. Outside the main thread (a Ray actor) the watch does nothing.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[int, Any], None],
+        signums: tuple[int, ...],
+        end_after: int,
+        grace_s: float,
+        end: Callable[[], None],
+        notice: Callable[[int], None] | None = None,
+    ):
+        self._handler, self._signums = handler, frozenset(int(s) for s in signums)
+        self._end_after, self._grace_s, self._end, self._notice = end_after, grace_s, end, notice
+        self._previous: dict[int, Any] = {}
+        self._previous_fd = -1
+        self._sockets: tuple[socket.socket, socket.socket] | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._done = False
+
+    def __enter__(self) -> _SignalWatch:
+        try:
+            for signum in self._signums:
+                self._previous[signum] = signal.signal(signum, self._handler)
+        except ValueError:  # not the main thread
+            return self
+        self._sockets = socket.socketpair()
+        self._sockets[1].setblocking(False)
+        self._previous_fd = signal.set_wakeup_fd(
+            self._sockets[1].fileno(), warn_on_full_buffer=False
+        )
+        return self
+
+    def arm(self) -> None:
+        """Start the thread, once this process has forked what it forks (a thread makes
+        forking unsafe); signals that came before count."""
+        if self._sockets is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="impala-signals", daemon=True)
+            self._thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._sockets is None:
+            return
+        signal.set_wakeup_fd(self._previous_fd)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        with self._lock:
+            self._done = True
+        if self._thread is not None:
+            self._sockets[1].send(b"\0")  # not a signal's number: the thread returns
+            self._thread.join()
+        for sock in self._sockets:
+            sock.close()
+
+    def _watch(self) -> None:
+        reader = self._sockets[0]  # type: ignore[index]
+        count, deadline = 0, None
+        while True:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if select.select([reader], [], [], timeout)[0]:
+                data = reader.recv(256)
+                if not data or 0 in data:
+                    return
+                for _ in range(sum(b in self._signums for b in data)):
+                    count += 1
+                    if self._notice is not None:
+                        self._notice(count)
+                if count > self._end_after:
+                    deadline = time.monotonic()
+                elif count == self._end_after and deadline is None:
+                    deadline = time.monotonic() + self._grace_s
+            if deadline is not None and time.monotonic() >= deadline:
+                with self._lock:
+                    if self._done:
+                        return
+                self._end()
+
+
+def _end_process(code: int, saving: threading.Lock | None = None) -> None:
+    """End this process from any thread, as cleanly as a main thread that does not return
+    allows: a checkpoint being written is finished first (``saving``), every process this
+    one started (other learners, actors, inference servers) gets SIGTERM and is joined
+    (killed after :data:`CHILDREN_GRACE_S`), then ``os._exit(code)``, which waits for no
+    thread. Written checkpoints stay as they are: each was renamed into place whole."""
+    from impala_rl.actors.subprocess import stop_helper_processes
+
+    log.warning(
+        "the run did not end by itself (its main thread waits, e.g. for a learner that "
+        "stalled): stopping its processes and exiting; the checkpoints keep their last state"
+    )
+    if saving is not None:
+        saving.acquire(timeout=60.0)  # held to the end: nothing starts another write
+    children: list[Any] = []
+    for _ in range(3):  # the main thread may start a process meanwhile
+        try:
+            children = mp.active_children()
+            break
+        except RuntimeError:
+            continue
+    for child in children:
+        with suppress(Exception):
+            child.terminate()
+    deadline = time.monotonic() + CHILDREN_GRACE_S
+    for child in children:
+        with suppress(Exception):
+            child.join(max(0.0, deadline - time.monotonic()))
+    for child in children:
+        with suppress(Exception):
+            if child.is_alive():
+                child.kill()
+                child.join(CHILDREN_GRACE_S)
+    with suppress(Exception):
+        stop_helper_processes()
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _notice_stop(count: int) -> None:
+    if count == 1:
         log.warning("stopping after this update (press Ctrl-C again to abort)")
-
-    previous = {}
-    try:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, handler)
-    except ValueError:  # not the main thread: no signal handling
-        previous = {}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    elif count == 2:
+        log.warning(
+            "aborting: the run ends within %g s, with a checkpoint of its last update if it "
+            "can write one (press Ctrl-C again to end it now)",
+            SECOND_SIGNAL_GRACE_S,
+        )
 
 
 class Trainer:
