@@ -1,12 +1,16 @@
 """Environments that misbehave on purpose, for the trainer and CLI tests.
 
 Importable as ``nan_env:make_nan_env`` / ``nan_env:make_raising_env`` /
-``nan_env:make_env_failing_in_further_learners`` for
+``nan_env:make_env_failing_in_further_learners`` /
+``nan_env:make_env_stalling_in_further_learners`` for
 :class:`impala_rl.envs.EnvFactory` (pytest puts ``tests/`` on ``sys.path``; subprocesses get it
 through ``PYTHONPATH``).
 """
 
 from __future__ import annotations
+
+import threading
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -48,3 +52,30 @@ def make_env_failing_in_further_learners(**kwargs) -> gym.Env:
     if multiprocessing.parent_process() is not None:
         raise RuntimeError("this factory fails outside the first learner")
     return gym.make("CartPole-v1")
+
+
+class StallOnDemand(gym.Wrapper):
+    """CartPole whose ``step`` blocks for good once ``stall_file`` exists (after creating
+    ``stalled_file``, so a test knows it happened)."""
+
+    def __init__(self, env: gym.Env, stall_file: str, stalled_file: str):
+        super().__init__(env)
+        self.stall_file, self.stalled_file = Path(stall_file), Path(stalled_file)
+
+    def step(self, action):
+        if self.stall_file.exists():
+            self.stalled_file.touch()
+            threading.Event().wait()
+        return self.env.step(action)
+
+
+def make_env_stalling_in_further_learners(stall_file: str, stalled_file: str) -> gym.Env:
+    """CartPole in the process the user started; in any other (with sequential actors: in
+    learners 1..N-1 only) CartPole that stalls on demand: learner 0 then waits for it inside
+    a collective."""
+    import multiprocessing
+
+    env = gym.make("CartPole-v1")
+    if multiprocessing.parent_process() is not None:
+        return StallOnDemand(env, stall_file, stalled_file)
+    return env

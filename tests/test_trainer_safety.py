@@ -1,5 +1,5 @@
 """The trainer keeps its promises under awkward settings and faults: burn-in and patience,
-non-finite gradients, a second Ctrl-C, hard kills and resume."""
+non-finite gradients, Ctrl-C with two learners, a second Ctrl-C, hard kills and resume."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -15,14 +16,16 @@ import numpy as np
 import pytest
 import torch
 
-from impala_rl import checkpoint
+from impala_rl import checkpoint, distributed
 from impala_rl import trainer as trainer_mod
 from impala_rl.config import ConfigError, load_config
+from impala_rl.distributed import LearnerGroup
 from impala_rl.evaluation import EvaluationResult
 from impala_rl.learner import Learner, NonFiniteError
 from impala_rl.policy import load_run_config
 from impala_rl.trainer import Trainer
-from test_cli import _cmd, _env, _impala, _process_group
+from test_cli import QUIET, _cmd, _env, _impala, _process_group
+from test_learners import _children_left
 from test_trainer import FAST, STEPS_PER_UPDATE, _read_summary, _train
 
 # Every evaluation of CartPole capped at 5 steps returns exactly 5.0 (it cannot fail sooner).
@@ -149,6 +152,125 @@ def test_a_second_interrupt_right_after_the_optimizer_step_saves_a_consistent_ch
     assert last["counters"]["env_steps"] == 3 * STEPS_PER_UPDATE
     state = learner.model.state_dict()
     assert all(torch.equal(last["model"][k], state[k]) for k in state)
+
+
+# -- Ctrl-C with several learners (issue 41.1) ---------------------------------------------------
+
+
+def test_a_signal_inside_the_stop_vote_stops_every_learner_at_the_same_update(
+    tmp_path, monkeypatch
+):
+    """SIGINT lands while the leader is inside its 6th ``control_sum``, where the learners
+    share its stop flag: its handler runs as the call returns, after the flag went out as 0.
+    Every learner must stop at the 7th update, where the flag is shared, and the run end
+    within seconds as interrupted with that update's checkpoint; the leader must not stop
+    alone at the 6th (it then waited in ``gather_to_leader``, the other learner in the next
+    all-reduce, until ``GROUP_TIMEOUT_S``)."""
+    # Lowered in this process (learner 0) only: a hang fails the test in 30 s, not 600.
+    monkeypatch.setattr(distributed, "GROUP_TIMEOUT_S", 30.0)
+    control_sum = LearnerGroup.control_sum
+    calls, signalled_at = [0], []
+
+    def signal_inside(self: LearnerGroup, values: list[float]) -> list[float]:
+        out = control_sum(self, values)
+        calls[0] += 1
+        if calls[0] == 6:  # as if it came during the call: pthread_kill runs the handler now
+            signalled_at.append(time.monotonic())
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(LearnerGroup, "control_sum", signal_inside)
+    cfg = load_config(
+        "cartpole",
+        [
+            *FAST,
+            "algorithm.num_learners=2",
+            "algorithm.epoch_length=5",
+            "target_return=null",
+            "max_env_steps=1000000000",
+        ],
+    )
+    trainer = Trainer(cfg, run_dir=tmp_path)
+    summary = trainer.train()
+    took = time.monotonic() - signalled_at[0]
+    assert summary["stopped_because"] == "interrupted", summary
+    assert summary["updates"] == 7 and calls[0] == 7
+    assert took < 20, f"the run ended {took:.0f} s after the signal"
+    saved = checkpoint.load(tmp_path / "checkpoints" / "last.pt")["counters"]
+    assert saved["updates"] == 7 and saved["env_steps"] == summary["env_steps"]
+    assert trainer.peers is not None and trainer.peers.handles[0].exitcode == 0
+    assert not _children_left()
+
+
+def _signal_pending(pid: int, signum: int) -> bool:
+    """Whether ``signum`` sent to process ``pid`` has not reached a handler yet (two signals
+    of one kind sent before the first is delivered would count as one)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("ShdPnd:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_a_second_signal_ends_a_run_whose_main_thread_waits_in_a_collective(tmp_path):
+    """Learner 1 stalls (its env blocks), so learner 0 waits inside a gloo all-reduce, where
+    no Python signal handler runs. Two SIGINTs must still end the run within seconds, exit
+    130, the last checkpoint intact, nothing it started left running."""
+    run_dir, stall, stalled = tmp_path / "run", tmp_path / "stall", tmp_path / "stalled"
+    last = run_dir / "checkpoints" / "last.pt"
+    proc = subprocess.Popen(
+        _cmd(
+            "train",
+            "cartpole",
+            "--run-dir",
+            str(run_dir),
+            "env.id=nan_env:make_env_stalling_in_further_learners",
+            f"env.kwargs.stall_file={stall}",
+            f"env.kwargs.stalled_file={stalled}",
+            "target_return=null",
+            "max_env_steps=1000000000",
+            "algorithm.epoch_length=2",
+            "algorithm.num_learners=2",
+            *QUIET,
+        ),
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    took = float("inf")
+    try:
+        deadline = time.monotonic() + 120
+        while not last.is_file() or not stalled.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no checkpoint and no stall within 120 s"
+            if last.is_file():
+                stall.touch()
+            time.sleep(0.1)
+        for _ in range(2):
+            os.kill(proc.pid, signal.SIGINT)
+            deadline = time.monotonic() + 30
+            while _signal_pending(proc.pid, signal.SIGINT):
+                assert time.monotonic() < deadline, "SIGINT not delivered within 30 s"
+                time.sleep(0.01)
+        sent = time.monotonic()
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("still running 60 s after the second SIGINT") from None
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    assert proc.returncode == 130, err
+    assert took < 20, f"it ended {took:.0f} s after the second SIGINT"
+    assert checkpoint.load(last)["counters"]["updates"] >= 2
+    assert not [p.name for p in last.parent.iterdir() if p.name.endswith(".tmp")]
+    assert _process_group(proc.pid) == []
 
 
 # -- resume ---------------------------------------------------------------------------------------

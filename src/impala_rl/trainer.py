@@ -23,13 +23,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 
 from impala_rl import checkpoint
 from impala_rl.actors import ActorError, CollectedOutputs, DistributedActors, make_actors
+from impala_rl.actors.subprocess import stop_helper_processes
 from impala_rl.checkpoint import CheckpointError
 from impala_rl.config import ConfigError, RunConfig, check_num_minibatches, to_dict, to_yaml
 from impala_rl.distributed import (
@@ -170,7 +171,7 @@ class _SignalWatch:
         signums: tuple[int, ...],
         end_after: int,
         grace_s: float,
-        end: Callable[[], None],
+        end: Callable[[], NoReturn],
         notice: Callable[[int], None] | None = None,
     ):
         self._handler, self._signums = handler, frozenset(int(s) for s in signums)
@@ -205,16 +206,16 @@ class _SignalWatch:
     def __exit__(self, *exc: object) -> None:
         if self._sockets is None:
             return
+        with self._lock:  # waits while the thread ends the process
+            self._done = True
         signal.set_wakeup_fd(self._previous_fd)
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
-        with self._lock:
-            self._done = True
+        reader, writer = self._sockets
+        writer.close()  # the thread reads the end of the stream and returns
         if self._thread is not None:
-            self._sockets[1].send(b"\0")  # not a signal's number: the thread returns
             self._thread.join()
-        for sock in self._sockets:
-            sock.close()
+        reader.close()
 
     def _watch(self) -> None:
         reader = self._sockets[0]  # type: ignore[index]
@@ -223,7 +224,7 @@ class _SignalWatch:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             if select.select([reader], [], [], timeout)[0]:
                 data = reader.recv(256)
-                if not data or 0 in data:
+                if not data:
                     return
                 for _ in range(sum(b in self._signums for b in data)):
                     count += 1
@@ -234,24 +235,18 @@ class _SignalWatch:
                 elif count == self._end_after and deadline is None:
                     deadline = time.monotonic() + self._grace_s
             if deadline is not None and time.monotonic() >= deadline:
-                with self._lock:
+                with self._lock:  # held to the end: the main thread cannot leave meanwhile
                     if self._done:
                         return
-                self._end()
+                    self._end()
 
 
-def _end_process(code: int, saving: threading.Lock | None = None) -> None:
+def _end_process(code: int, saving: threading.Lock | None = None) -> NoReturn:
     """End this process from any thread, as cleanly as a main thread that does not return
     allows: a checkpoint being written is finished first (``saving``), every process this
     one started (other learners, actors, inference servers) gets SIGTERM and is joined
     (killed after :data:`CHILDREN_GRACE_S`), then ``os._exit(code)``, which waits for no
     thread. Written checkpoints stay as they are: each was renamed into place whole."""
-    from impala_rl.actors.subprocess import stop_helper_processes
-
-    log.warning(
-        "the run did not end by itself (its main thread waits, e.g. for a learner that "
-        "stalled): stopping its processes and exiting; the checkpoints keep their last state"
-    )
     if saving is not None:
         saving.acquire(timeout=60.0)  # held to the end: nothing starts another write
     children: list[Any] = []
@@ -320,7 +315,9 @@ class Trainer:
         self.group: LearnerGroup | None = None
         self.peers: PeerLearners | None = None
         self._wall_over = False  # several learners: the leader's max_wall_time_s verdict
+        self._group_stop = False  # several learners: the stop flag the group agreed on
         self._unsent_returns: list[float] = []  # a further learner's, until the epoch's end
+        self._saving = threading.Lock()  # held while a checkpoint is written
 
     # -- set-up --------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -535,19 +532,20 @@ class Trainer:
         return payload
 
     def save_checkpoint(self) -> None:
-        checkpoint.save_atomic(self._checkpoint_payload(), self.checkpoint_dir / "last.pt")
+        payload = self._checkpoint_payload()
+        with self._saving:
+            checkpoint.save_atomic(payload, self.checkpoint_dir / "last.pt")
 
     def _save_best(self, model: torch.nn.Module, epoch: int) -> None:
         """best.pt: the evaluated weights, with the counters and the epoch they are from."""
-        checkpoint.save_atomic(
-            {
-                "format": checkpoint.CHECKPOINT_FORMAT,
-                "model": self._finite_model_state(model),
-                "config": self._config_dict,
-                "counters": {**self.counters.__dict__, "epoch": epoch},
-            },
-            self.checkpoint_dir / "best.pt",
-        )
+        payload = {
+            "format": checkpoint.CHECKPOINT_FORMAT,
+            "model": self._finite_model_state(model),
+            "config": self._config_dict,
+            "counters": {**self.counters.__dict__, "epoch": epoch},
+        }
+        with self._saving:
+            checkpoint.save_atomic(payload, self.checkpoint_dir / "best.pt")
 
     # -- the run -------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -557,7 +555,7 @@ class Trainer:
             self._release_run_dir()
             raise
         cfg, c = self.cfg, self.counters
-        self._stop_flag = {"stop": False, "in_step": False, "abort": False}
+        self._stop_flag = {"stop": False, "in_step": False, "abort": False, "closing": False}
         stopped_because: str | None = None
         error: BaseException | None = None
         several = cfg.algorithm.num_learners > 1
@@ -583,42 +581,30 @@ class Trainer:
         self._eval_time_s = self._last_eval_s = 0.0
         if cfg.algorithm.rollout_evaluator.background and self.is_leader:
             self.evaluator = BackgroundEvaluator(self._timed_evaluate)
-        # a further learner follows the leader's stop decisions, not its own signals
-        signals = _stop_on_signals(self._stop_flag) if self.is_leader else nullcontext()
-        try:
-            with signals:
-                actors.start()
-                if several and self.is_leader:
-                    self._join_group()
-                while stopped_because is None:
-                    stopped_because = self._run_epoch(actors)
-                    if not self.is_leader:
-                        continue
-                    if stopped_because and stopped_because != "interrupted":
-                        self._finish_background_evaluation(stopped_because)
-                    c.wall_time_s = time.perf_counter() - self._start_wall
-                    if c.epoch % cfg.log.checkpoint_every_epochs == 0 or stopped_because:
-                        self.save_checkpoint()
-        except KeyboardInterrupt:  # a second Ctrl-C
-            stopped_because = "interrupted"
-            self.save_checkpoint()
-        except NonFiniteError as exc:  # the model may be corrupt: keep the last good checkpoint
-            stopped_because, error = "error", exc
-        except Exception as exc:  # e.g. actors failed: the model is fine, save it
-            stopped_because, error = "error", exc
-            if isinstance(exc, LearnerGroupError) or not self.is_leader:
-                pass  # a broken group: the weights may be one step apart; keep the last good
-            else:
-                self._try_final_checkpoint()
-        finally:
-            if self.evaluator is not None:
-                self.evaluator.cancel()
-            try:  # the other learners first: their actors may need this learner's Ray
-                self._leave_group(error is not None or stopped_because == "interrupted")
+        watch = self._signal_watch()
+        with watch:  # until every process this learner started is stopped
+            try:
+                stopped_because = self._run(actors, watch)
+            except KeyboardInterrupt:  # a second Ctrl-C
+                stopped_because = "interrupted"
+                self.save_checkpoint()
+            except NonFiniteError as exc:  # the model may be corrupt: keep the last good one
+                stopped_because, error = "error", exc
+            except Exception as exc:  # e.g. actors failed: the model is fine, save it
+                stopped_because, error = "error", exc
+                if isinstance(exc, LearnerGroupError) or not self.is_leader:
+                    pass  # a broken group: the weights may be one step apart; keep the last
+                else:
+                    self._try_final_checkpoint()
             finally:
-                actors.stop()
-                for writer in self.writers:
-                    writer.close()
+                if self.evaluator is not None:
+                    self.evaluator.cancel()
+                try:  # the other learners first: their actors may need this learner's Ray
+                    self._leave_group(error is not None or stopped_because == "interrupted")
+                finally:
+                    actors.stop()
+                    for writer in self.writers:
+                        writer.close()
         c.wall_time_s = time.perf_counter() - self._start_wall
         try:
             summary = self._write_summary(stopped_because or "error", self.recent_returns, error)
@@ -627,6 +613,70 @@ class Trainer:
         if error is not None:
             raise error
         return summary
+
+    def _run(self, actors: DistributedActors, watch: _SignalWatch) -> str:
+        """Start the actors (and the group), then epochs until a stop reason."""
+        cfg, c = self.cfg, self.counters
+        try:
+            actors.start()
+            watch.arm()
+            if cfg.algorithm.num_learners > 1 and self.is_leader:
+                self._join_group()
+            stopped_because = None
+            while stopped_because is None:
+                stopped_because = self._run_epoch(actors)
+                if not self.is_leader:
+                    continue
+                if stopped_because and stopped_because != "interrupted":
+                    self._finish_background_evaluation(stopped_because)
+                c.wall_time_s = time.perf_counter() - self._start_wall
+                if c.epoch % cfg.log.checkpoint_every_epochs == 0 or stopped_because:
+                    self.save_checkpoint()
+            return stopped_because
+        finally:  # shutting down must not be cut short: a signal no longer raises
+            self._stop_flag["closing"] = True
+
+    def _signal_watch(self) -> _SignalWatch:
+        """The leader's: Ctrl-C or SIGTERM stops after the update, a second aborts (see
+        :meth:`_on_signal`) and ends the process if the run has not ended
+        :data:`SECOND_SIGNAL_GRACE_S` later, a third at once. A further learner's: Ctrl-C is
+        the leader's (ignored); SIGTERM (the leader stopping it) ends it at once, with the
+        actors it started: it writes nothing that could be cut short."""
+        if self.is_leader:
+            return _SignalWatch(
+                self._on_signal,
+                (signal.SIGINT, signal.SIGTERM),
+                end_after=2,
+                grace_s=SECOND_SIGNAL_GRACE_S,
+                end=self._abort,
+                notice=_notice_stop,
+            )
+        return _SignalWatch(
+            lambda signum, frame: None,
+            (signal.SIGTERM,),
+            end_after=1,
+            grace_s=0.0,
+            end=lambda: _end_process(128 + signal.SIGTERM),
+        )
+
+    def _abort(self) -> NoReturn:
+        log.warning(
+            "ending the process now: the run has not ended (its main thread may wait for a "
+            "learner that stalled); its processes are stopped, the checkpoints keep their "
+            "last state"
+        )
+        _end_process(128 + signal.SIGINT, self._saving)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """A first signal asks every learner to stop after the update the group agrees on; a
+        second aborts once the step's state is consistent (see :meth:`_one_step`)."""
+        flag = self._stop_flag
+        if not flag["stop"]:
+            flag["stop"] = True
+        elif not (flag["abort"] or flag["closing"]):
+            flag["abort"] = True
+            if not flag["in_step"]:
+                raise KeyboardInterrupt
 
     def _leave_group(self, failed: bool) -> None:
         """Close this learner's part of the group; the leader then waits for the others to
@@ -724,7 +774,9 @@ class Trainer:
             limit = self.cfg.max_wall_time_s
             wall_over = float(limit is not None and time.perf_counter() - self._start_wall >= limit)
         total, stop, wall_over = self.group.control_sum([env_steps, stop, wall_over])
-        self._stop_flag["stop"] = self._stop_flag["stop"] or stop > 0
+        # Decisions read this, never the leader's own flag: a signal that lands during the
+        # call sets that flag on the leader alone, and reaches the group at the next update.
+        self._group_stop = self._group_stop or stop > 0
         self._wall_over = wall_over > 0
         return int(total)
 
@@ -751,7 +803,8 @@ class Trainer:
                     return "max_wall_time_s"
             elif cfg.max_wall_time_s is not None and c.wall_time_s >= cfg.max_wall_time_s:
                 return "max_wall_time_s"
-        return "interrupted" if self._stop_flag["stop"] else None
+        signalled = self._group_stop if self.group is not None else self._stop_flag["stop"]
+        return "interrupted" if signalled else None
 
     def _try_final_checkpoint(self) -> None:
         try:
@@ -959,7 +1012,8 @@ def run_peer_learner(
 ) -> None:
     """A further learner's process (or Ray actor): its own actors, the leader's decisions.
     Ctrl-C reaches the leader, which stops every learner at the same update; SIGTERM (the
-    leader stopping a learner that did not finish) unwinds it, so its actors are stopped."""
+    leader stopping a learner that did not finish) stops its actors and ends it, even while
+    it waits in a collective (see :meth:`Trainer._signal_watch`)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
