@@ -15,6 +15,8 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -244,3 +246,36 @@ def test_a_learner_killed_mid_run_ends_the_run_with_its_error_and_a_good_checkpo
     time.sleep(1.0)
     assert not _children_left()
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(("psm_", "impala"))]
+
+
+UNGUARDED_SCRIPT = """\
+import impala_rl
+
+impala_rl.train(
+    "cartpole",
+    ["algorithm.num_learners=2", "runner.backend=sequential", "log.console=false",
+     "log.tensorboard=false", "algorithm.n_epochs=1", "algorithm.epoch_length=2"],
+    run_dir={run_dir!r},
+)
+"""
+
+
+def test_an_unguarded_script_is_told_to_guard_its_call_of_train(tmp_path):
+    """Issue 41.4: a learner process imports the main module, so a script that calls
+    ``impala_rl.train`` at module level starts it again there. The learner says so at once
+    (it trains nothing, writes no run of its own), and the leader's error says what to do."""
+    script = tmp_path / "train_unguarded.py"
+    script.write_text(UNGUARDED_SCRIPT.format(run_dir=str(tmp_path / "run")))
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("impala_rl.distributed.LearnerGroupError: learner 1"), proc.stderr
+    assert "if __name__ == '__main__':" in last and str(script) in last, last
+    assert "no error reported" not in last
+    # the learner's own error says the same, before it built or wrote anything
+    assert proc.stderr.count("if __name__ == '__main__':") == 2, proc.stderr
+    assert "RunDirError" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "train_unguarded.py"]
+

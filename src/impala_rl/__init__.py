@@ -21,10 +21,12 @@ def train(
     """Train as the CLI does. ``config``: a :class:`RunConfig`, a preset name or a YAML path;
     ``None``: defaults for the ``env.id`` in ``overrides`` (else the ``cartpole`` preset)."""
     from impala_rl.config import RunConfig, load_config, to_dict
+    from impala_rl.distributed import check_not_importing_main
     from impala_rl.env_defaults import resolve_config
     from impala_rl.policy import load_run_config
     from impala_rl.trainer import Trainer
 
+    check_not_importing_main()
     if resume:
         if run_dir is None:
             raise ValueError("resume=True needs run_dir")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import logging
 import multiprocessing as mp
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -242,11 +243,57 @@ class LearnerGroup:
 # -- starting the other learners ------------------------------------------------------------------
 
 
-class PeerLearners:
-    """The learners the leader started (ranks 1..N-1): liveness, failures, shutdown."""
+GUARD = "if __name__ == '__main__':"
 
-    def __init__(self, handles: list[Any], kind: str):
+
+def _main_file() -> str:
+    main = sys.modules.get("__mp_main__") or sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return f" ({path})" if path else ""
+
+
+def check_not_importing_main() -> None:
+    """Refuse to start a run in a process that ``multiprocessing`` is still starting.
+
+    A process started with ``spawn`` or ``forkserver`` (a further learner, subprocess actors,
+    central inference servers) first imports the main module; a script that calls
+    ``impala_rl.train`` at module level would start another run there (another learner group,
+    run directory, actors). This says what to do instead, before anything is built.
+    """
+    if getattr(mp.current_process(), "_inheriting", False):  # as multiprocessing's own check
+        raise RuntimeError(
+            f"impala_rl.train was called while a process started by the run imported the main "
+            f"module{_main_file()}: a script that trains must call it under `{GUARD}`"
+        )
+
+
+def _run_learner_process(started: Any, target: Callable[..., None], args: tuple) -> None:
+    """A further learner's process, past its start-up (the main module imported, the
+    arguments unpickled): says so through ``started`` (a pipe's end), then runs the learner."""
+    started.send_bytes(b"1")
+    started.close()
+    target(*args)
+
+
+def _has_started(conn: Any) -> bool:
+    """Whether a learner process wrote to its ``started`` pipe (EOF alone: it never did)."""
+    try:
+        return bool(conn.poll(0) and conn.recv_bytes())
+    except (EOFError, OSError):
+        return False
+
+
+class PeerLearners:
+    """The learners the leader started (ranks 1..N-1): liveness, failures, shutdown.
+
+    ``started`` (processes only): per learner, the reading end of a pipe its process writes to
+    once it runs the learner; one that exits without writing ended while importing the main
+    module."""
+
+    def __init__(self, handles: list[Any], kind: str, started: list[Any] | None = None):
         self.handles, self.kind = handles, kind
+        self.started = started
+        self._ran: set[int] = set()
 
     def exited(self) -> list[tuple[int, str]]:
         """``(rank, how)`` for every learner that is no longer running."""
@@ -295,8 +342,24 @@ class PeerLearners:
                     error = store.get(key).decode(errors="replace")
             except Exception:
                 pass
+            if error is None and self._ended_while_starting(rank):
+                error = (
+                    "it ended while starting, before it ran: a learner process imports the "
+                    f"main module{_main_file()} first, so a script that calls impala_rl.train "
+                    f"must call it under `{GUARD}`"
+                )
             parts.append(f"learner {rank} ({how}): {error or 'no error reported (killed?)'}")
         return "; ".join(parts)
+
+    def _ended_while_starting(self, rank: int) -> bool:
+        """Whether learner ``rank``'s process exited with an error before it ran the learner
+        (not killed by a signal: its exit code is > 0)."""
+        if self.kind != "process" or self.started is None:
+            return False
+        if rank not in self._ran and _has_started(self.started[rank - 1]):
+            self._ran.add(rank)
+        exitcode = self.handles[rank - 1].exitcode
+        return exitcode is not None and exitcode > 0 and rank not in self._ran
 
     def join(self, timeout_s: float) -> None:
         """Wait for every learner to finish its run; stop those still running after
@@ -347,12 +410,19 @@ def start_peer_learners(
             handles.append((actor, actor.run.remote(target, args_of(rank))))
         return PeerLearners(handles, "ray")
     ctx = mp.get_context("spawn")
-    procs = []
+    procs, started = [], []
     for rank in range(1, world_size):
-        p = ctx.Process(target=target, args=args_of(rank), name=f"impala-learner-{rank}")
+        reader, writer = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=_run_learner_process,
+            args=(writer, target, args_of(rank)),
+            name=f"impala-learner-{rank}",
+        )
         p.start()
+        writer.close()  # the learner's end: its exit closes the pipe
         procs.append(p)
-    return PeerLearners(procs, "process")
+        started.append(reader)
+    return PeerLearners(procs, "process", started)
 
 
 class _RayLearner:
