@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import impala_rl
-from impala_rl import checkpoint
+from impala_rl import checkpoint, distributed
 from impala_rl.config import ConfigError, ImpalaAlgorithmConfig, ModelConfig, load_config
 from impala_rl.distributed import LearnerGroup, LearnerGroupError, Rendezvous, make_store
 from impala_rl.envs import EnvFactory
@@ -279,3 +279,27 @@ def test_an_unguarded_script_is_told_to_guard_its_call_of_train(tmp_path):
     assert "RunDirError" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "train_unguarded.py"]
 
+
+def test_a_group_that_cannot_form_is_a_learner_group_error(monkeypatch):
+    """A learner group that fails to form (its rendezvous unreachable, a peer gone before the
+    group's first handshake) is a :class:`LearnerGroupError` like a broken collective, naming
+    the learner that failed where the leader can tell: ``impala train`` prints one line."""
+    monkeypatch.setattr(distributed, "GROUP_TIMEOUT_S", 2.0)
+    store = make_store("127.0.0.1", 2)
+    port = store.port
+    del store  # nobody listens there now
+    with pytest.raises(LearnerGroupError, match="learner 1: the learner group") as info:
+        LearnerGroup(1, Rendezvous("127.0.0.1", port, 2), torch.device("cpu"))
+    # torch's message, without the C++ frames it carries: one line for impala train
+    assert "timed out" in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+    def gone(*args, **kwargs):
+        raise RuntimeError("Connection closed by peer")  # gloo's handshake, a peer gone
+
+    monkeypatch.setattr(distributed.dist, "init_process_group", gone)
+    store = make_store("127.0.0.1", 2)
+    failed = "learner 1 (pid 1 exited with code 1): EnvError: boom"
+    with pytest.raises(LearnerGroupError, match=r"learner 1 \(pid 1 exited"):
+        LearnerGroup(
+            0, Rendezvous("127.0.0.1", store.port, 2), torch.device("cpu"), store, lambda: failed
+        )

@@ -99,22 +99,30 @@ class LearnerGroup:
     ):
         self.rank, self.world_size = rank, rendezvous.world_size
         self.device = device
+        self._describe_failure = describe_failure
         timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
         if store is None:
-            store = dist.TCPStore(
-                rendezvous.host, rendezvous.port, rendezvous.world_size, False, timeout
+            store = self._collective(
+                lambda: dist.TCPStore(
+                    rendezvous.host, rendezvous.port, rendezvous.world_size, False, timeout
+                ),
             )
             store.set(JOINED_KEY.format(rank=rank), "1")
         self.store = store
         self.backend = group_backend(device, self.world_size)
         if self.backend == "nccl":
             torch.cuda.set_device(device)
-        dist.init_process_group(
-            self.backend, store=store, rank=rank, world_size=self.world_size, timeout=timeout
+        self._collective(
+            lambda: dist.init_process_group(
+                self.backend, store=store, rank=rank, world_size=self.world_size, timeout=timeout
+            ),
         )
         # Control messages (stop flags, events, decisions) stay on the host.
-        self._control = dist.new_group(backend="gloo") if self.backend == "nccl" else None
-        self._describe_failure = describe_failure
+        self._control = (
+            self._collective(lambda: dist.new_group(backend="gloo"))
+            if self.backend == "nccl"
+            else None
+        )
 
     @property
     def is_leader(self) -> bool:
@@ -126,14 +134,16 @@ class LearnerGroup:
 
     # -- collectives ---------------------------------------------------------------------------
     def _collective(self, fn: Callable[[], Any]) -> Any:
-        """Run a collective; a broken group becomes a :class:`LearnerGroupError` that names
-        the learner that failed, where the leader can tell."""
+        """Run a collective (or a step of forming the group); a broken group becomes a
+        :class:`LearnerGroupError` that names the learner that failed, where the leader can
+        tell, else torch's message: its first line (the C++ frames under it are for torch)."""
         try:
             return fn()
         except (RuntimeError, dist.DistBackendError) as exc:
             detail = self._describe_failure() if self._describe_failure else None
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise LearnerGroupError(
-                detail or f"learner {self.rank}: the learner group broke ({exc})"
+                detail or f"learner {self.rank}: the learner group broke ({reason})"
             ) from exc
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
