@@ -126,6 +126,11 @@ class ImpalaAlgorithmConfig:
     steps (0: no warm-up)."""
     device: str = "cpu"
     """Learner device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available)."""
+    cuda_graph: bool = True
+    """On a GPU, capture the update's forward, V-trace, losses, backward and clipping as one
+    CUDA graph per batch shape (one launch instead of hundreds; the optimizer step follows
+    the host's finiteness check), where the run allows it: one step key, no PopArt, one
+    learner, fp32, not in burn-in. ``false``: always eager."""
     queue_out_of_sync_factor: float = 1.0
     """At most ``factor * actors_batch_size`` finished rollouts wait for the learner."""
     actors_batch_size: int = 2

@@ -225,23 +225,125 @@ def _rows(x: torch.Tensor, selection: torch.Tensor | None) -> torch.Tensor:
     return x if selection is None else x[selection]
 
 
-def _to_host(
-    scalars: dict[str, dict[int, torch.Tensor]], lag: torch.Tensor
-) -> tuple[dict[str, dict[int, float]], list[int]]:
-    """An update's figures (0-d tensors by name and key) and its columns' policy lag ``[B]``
-    in one device-to-host copy: on a GPU every ``float(x)`` is a synchronisation."""
+Figures = dict[str, dict[int, torch.Tensor]]
+Layout = list[tuple[str, int]]
+
+
+def _pack(scalars: Figures) -> tuple[Layout, torch.Tensor]:
+    """An update's figures (0-d tensors by name and key) as one vector on their device, so
+    that they reach the host in one copy: on a GPU every ``float(x)`` is a synchronisation."""
     flat = [(name, key, x) for name, by_key in scalars.items() for key, x in by_key.items()]
     device = flat[0][2].device
-    packed = torch.cat(
-        [
-            torch.stack([x.detach().to(device, torch.float32).reshape(()) for *_, x in flat]),
-            lag.to(device, torch.float32),
-        ]
-    ).tolist()
-    figures: dict[str, dict[int, float]] = {name: {} for name in scalars}
-    for (name, key, _), value in zip(flat, packed, strict=False):
-        figures[name][key] = value
-    return figures, [round(x) for x in packed[len(flat) :]]
+    packed = torch.stack([x.detach().to(device, torch.float32).reshape(()) for *_, x in flat])
+    return [(name, key) for name, key, _ in flat], packed
+
+
+def _to_host(
+    layout: Layout, packed: torch.Tensor, lag: torch.Tensor
+) -> tuple[dict[str, dict[int, float]], list[int]]:
+    """The figures of :func:`_pack` and the columns' policy lag ``[B]`` read in one copy."""
+    values = torch.cat([packed, lag.to(packed.device, torch.float32)]).tolist()
+    figures: dict[str, dict[int, float]] = {}
+    for (name, key), value in zip(layout, values, strict=False):
+        figures.setdefault(name, {})[key] = value
+    return figures, [round(x) for x in values[len(layout) :]]
+
+
+def capture_refusal(model: Model, device: torch.device, group: LearnerGroup | None) -> str | None:
+    """Why an update on ``device`` cannot be captured as one CUDA graph (``None``: it can).
+    The graph holds one step key's forward, V-trace, losses and backward without a host
+    read; several keys pick rows by data, PopArt and several learners read or exchange
+    figures in mid-update, the core splits its sequence by data, and bf16 autocast keeps a
+    cast cache across calls."""
+    if device.type != "cuda":
+        return "the learner is not on a GPU"
+    if group is not None:
+        return "several learners average gradients in mid-update"
+    if len(model.step_keys) != 1:
+        return "a structured env's step keys pick rows by data"
+    if model.popart_heads():
+        return "PopArt moves its statistics in mid-update"
+    if model.core is not None:
+        return "the LSTM core cuts its sequence where episodes start, read on the host"
+    if getattr(model, "precision", "fp32") != "fp32":
+        return "bf16 autocast"
+    return None
+
+
+@dataclass
+class _Captured:
+    """One batch shape's static inputs, the gradients its backward writes, the graph (``None``
+    on a CPU: the same function runs eagerly on the same buffers) and its packed figures."""
+
+    inputs: dict[str, torch.Tensor]
+    grads: list[torch.Tensor | None]
+    graph: Any
+    layout: Layout
+    packed: torch.Tensor
+
+
+class UpdateGraph:
+    """The update's forward, V-trace, losses, backward and clipping as one CUDA graph per
+    batch shape, replayed on static buffers: one launch instead of hundreds. The optimizer
+    step stays outside, after the host has checked the loss and the gradient norm finite,
+    so a non-finite update still takes no step. On a CPU the same path runs eagerly (what
+    the tests compare with the eager update).
+
+    ``compute(inputs, entropy_coef)`` returns the packed figures; the coefficient is a 0-d
+    tensor that the graph reads, so its schedule needs no new capture (the learning rate is
+    the optimizer's, outside)."""
+
+    WARMUP = 3  # eager runs on a side stream before capture (cuDNN and allocator set-up)
+
+    def __init__(self, compute: Any, params: list[torch.nn.Parameter], device: torch.device):
+        self._compute, self._params, self.device = compute, params, device
+        self.entropy_coef = torch.zeros((), device=device)
+        self._captured: dict[tuple, _Captured] = {}
+
+    def run(
+        self, batch: dict[str, torch.Tensor], entropy_coef: float
+    ) -> tuple[Layout, torch.Tensor]:
+        """Copy ``batch`` into its shape's buffers (capturing on the first of a shape), replay,
+        and return the packed figures (still on the device)."""
+        self.entropy_coef.fill_(entropy_coef)
+        signature = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(batch.items()))
+        entry = self._captured.get(signature)
+        if entry is None:
+            entry = self._captured[signature] = self._capture(batch)
+        for name, value in batch.items():
+            entry.inputs[name].copy_(value, non_blocking=True)
+        for p, grad in zip(self._params, entry.grads, strict=True):
+            p.grad = grad  # each shape's graph writes its own gradient buffers
+        if entry.graph is None:
+            entry.layout, entry.packed = self._call(entry.inputs)
+        else:
+            entry.graph.replay()
+        return entry.layout, entry.packed
+
+    def _call(self, inputs: dict[str, torch.Tensor]) -> tuple[Layout, torch.Tensor]:
+        return self._compute(inputs, self.entropy_coef)
+
+    def _capture(self, batch: dict[str, torch.Tensor]) -> _Captured:
+        inputs = {k: v.clone() for k, v in batch.items()}
+        for p in self._params:
+            p.grad = None  # the backward allocates them (in the graph's pool when capturing)
+        if self.device.type != "cuda":
+            return _Captured(inputs, [None] * len(self._params), None, [], torch.empty(0))
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(self.WARMUP):
+                for p in self._params:
+                    p.grad = None
+                self._call(inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        for p in self._params:
+            p.grad = None
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the actors' and the evaluator's threads keep using the GPU meanwhile
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            layout, packed = self._call(inputs)
+        return _Captured(inputs, [p.grad for p in self._params], graph, layout, packed)
 
 
 class Learner:
@@ -253,6 +355,7 @@ class Learner:
         cfg: ImpalaAlgorithmConfig,
         device: torch.device | str = "cpu",
         group: LearnerGroup | None = None,
+        capture: bool | None = None,
     ):
         self.device = torch.device(device)
         # Several learners: gradients and update statistics averaged over the group.
@@ -271,6 +374,12 @@ class Learner:
             self.target_model = copy.deepcopy(self.model).requires_grad_(False)
         # appo: (batch, the target's log-probs of its actions) while the target stands
         self._target_cache: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
+        # The update as a CUDA graph (UpdateGraph): None decides at the first update (on a GPU
+        # when capture_refusal allows), True insists (on a CPU: the same path eagerly).
+        self.capture: bool | None = capture
+        if capture is None and not cfg.cuda_graph:
+            self.capture = False
+        self._graph: UpdateGraph | None = None
         # appo: optimizer steps since the target last moved. Counted here, not from
         # ``num_updates``: a resume that changes the steps per batch must still move the target
         # at each batch's end (the checkpoint keeps it, see ``target_state``).
@@ -354,15 +463,78 @@ class Learner:
         ``train_policy=False`` is critic burn-in: only the baseline loss is minimised.
         ``fresh=False``: a further pass over the same batch (its observations are already in
         the normalization statistics).
+
+        With a captured update (:class:`UpdateGraph`) the forward, losses and backward run as
+        one graph and are timed together as ``backprob``.
         """
         t0 = time.perf_counter()
         _check_observations(batch)
         if fresh:
             update_observation_statistics(self.model, batch, self.group)
         self.model.train()
+        # burn-in stays eager: its policy parameters get no gradient, so the optimizer leaves
+        # them and their state alone (a graph would give them zeros)
+        graph = self._update_graph() if train_policy else None
+        if graph is None:
+            marks: list[float] = []
+            layout, packed = self._compute(batch, train_policy, self.entropy_coef, marks)
+            t1, t2 = marks
+        else:
+            t1 = t2 = time.perf_counter()
+            layout, packed = graph.run(batch, self.entropy_coef)
+        figures, lag = _to_host(layout, packed, self.num_updates - batch["policy_version"])
+        self._step(figures)
+        self._follow_target()
+        t3 = time.perf_counter()
+        return UpdateStats(
+            total_loss=figures["total"][0],
+            policy_loss=figures.get("policy_loss", {}),
+            policy_entropy=figures.get("policy_entropy", {}),
+            policy_grad_norm=figures.get("policy_grad_norm", {}),
+            critic_value_loss=figures.get("critic_value_loss", {}),
+            critic_value=figures.get("critic_value", {}),
+            critic_grad_norm=figures.get("critic_grad_norm", {}),
+            grad_norm=figures["grad_norm"][0],
+            vtrace_mean_rho=figures.get("vtrace_mean_rho", {}),
+            vtrace_clipped_fraction=figures.get("vtrace_clipped_fraction", {}),
+            policy_lag=lag,
+            learning_rate=self.learning_rate,
+            entropy_coef=self.entropy_coef,
+            timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},
+        )
+
+    def _update_graph(self) -> UpdateGraph | None:
+        """The captured update, decided at the first update (the group joins after
+        construction): ``None`` when eager."""
+        if self._graph is None and self.capture is not False:
+            refusal = capture_refusal(self.model, self.device, self.group)
+            if refusal is None or (self.capture is True and self.device.type == "cpu"):
+                self._graph = UpdateGraph(self._compute_captured, self._params, self.device)
+            elif self.capture is True:
+                raise ValueError(f"the update cannot be captured: {refusal}")
+            self.capture = self._graph is not None
+        return self._graph
+
+    def _compute_captured(
+        self, batch: dict[str, torch.Tensor], entropy_coef: torch.Tensor
+    ) -> tuple[Layout, torch.Tensor]:
+        return self._compute(batch, True, entropy_coef, None, zero_grad=False)
+
+    def _compute(
+        self,
+        batch: dict[str, torch.Tensor],
+        train_policy: bool,
+        entropy_coef: float | torch.Tensor,
+        marks: list[float] | None,
+        zero_grad: bool = True,
+    ) -> tuple[Layout, torch.Tensor]:
+        """Forward, V-trace, losses, backward and clipping; the figures packed on the device
+        (no host read: this is what :class:`UpdateGraph` captures; ``entropy_coef`` is then
+        a 0-d tensor). ``marks`` gets the times after the forward and after the losses."""
         out = forward_batch(self.model, batch)
         target_log_prob = self._target_policy(batch)
-        t1 = time.perf_counter()
+        if marks is not None:
+            marks.append(time.perf_counter())
         vt = self._targets(batch, out, target_log_prob)
         rows_of, critic_rows = self._key_rows(batch)
         pg_advantages, value_loss_scale, popart_old = self._popart_step(vt, critic_rows)
@@ -377,13 +549,15 @@ class Learner:
             critic_rows,
             train_policy,
             target_log_prob,
+            entropy_coef,
         )
-        t2 = time.perf_counter()
-        norms = self._backward(total, popart_old, pg_loss, value_loss)
+        if marks is not None:
+            marks.append(time.perf_counter())
+        norms = self._backward(total, popart_old, pg_loss, value_loss, zero_grad)
         rho_bar = self.cfg.vtrace_clip_rho_threshold
         rhos = {k: _rows(vt.rhos, rows_of[k]) for k in pg_loss}
         values = out.value[:-1].detach()
-        figures, lag = _to_host(
+        return _pack(
             {
                 "total": {0: total},
                 "policy_loss": pg_loss,
@@ -397,27 +571,7 @@ class Learner:
                     for k, r in rhos.items()
                 },
                 **norms,
-            },
-            self.num_updates - batch["policy_version"],
-        )
-        self._step(figures)
-        self._follow_target()
-        t3 = time.perf_counter()
-        return UpdateStats(
-            total_loss=figures["total"][0],
-            policy_loss=figures["policy_loss"],
-            policy_entropy=figures["policy_entropy"],
-            policy_grad_norm=figures["policy_grad_norm"],
-            critic_value_loss=figures["critic_value_loss"],
-            critic_value=figures["critic_value"],
-            critic_grad_norm=figures["critic_grad_norm"],
-            grad_norm=figures["grad_norm"][0],
-            vtrace_mean_rho=figures["vtrace_mean_rho"],
-            vtrace_clipped_fraction=figures["vtrace_clipped_fraction"],
-            policy_lag=lag,
-            learning_rate=self.learning_rate,
-            entropy_coef=self.entropy_coef,
-            timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},
+            }
         )
 
     # -- the phases of an update, in order -------------------------------------------------------
@@ -511,10 +665,12 @@ class Learner:
         critic_rows: dict[int, torch.Tensor | None],
         train_policy: bool,
         target_log_prob: torch.Tensor | None = None,
+        entropy_coef: float | torch.Tensor = 0.0,
     ) -> tuple[dict, dict, dict, torch.Tensor]:
         """The policy-gradient (impala) or clipped-surrogate (appo, against
         ``target_log_prob``) and entropy losses per step key and the value loss per critic,
-        each a mean over its rows, and their weighted sum."""
+        each a mean over its rows, and their weighted sum (``entropy_coef`` is a 0-d tensor in
+        a captured update)."""
         cfg = self.cfg
         log_prob, entropy, values = out.log_prob[:-1], out.entropy[:-1], out.value[:-1]
         pg_loss, ent_loss, value_loss = {}, {}, {}
@@ -541,15 +697,22 @@ class Learner:
             total = total + cfg.value_loss_coef * value_loss[c]
         if train_policy:
             for k in pg_loss:
-                total = total + cfg.policy_loss_coef * pg_loss[k] + self.entropy_coef * ent_loss[k]
+                total = total + cfg.policy_loss_coef * pg_loss[k] + entropy_coef * ent_loss[k]
         return pg_loss, ent_loss, value_loss, total  # type: ignore[return-value]
 
     def _backward(
-        self, total: torch.Tensor, popart_old: dict[int, Any], pg_loss: dict, value_loss: dict
+        self,
+        total: torch.Tensor,
+        popart_old: dict[int, Any],
+        pg_loss: dict,
+        value_loss: dict,
+        zero_grad: bool = True,
     ) -> dict[str, dict[int, torch.Tensor]]:
         """Backward, PopArt's output preservation, gradient norms and clipping. Returns the
-        policy and critic gradient norms and the global one (pre-clip), on the device."""
-        self.optimizer.zero_grad(set_to_none=True)
+        policy and critic gradient norms and the global one (pre-clip), on the device.
+        ``zero_grad=False``: the caller set the gradients to ``None`` (a captured update)."""
+        if zero_grad:
+            self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         if self.group is not None:
             self.group.average_gradients(self._params)
