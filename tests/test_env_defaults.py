@@ -115,6 +115,31 @@ def test_neither_preset_nor_env_id_runs_the_cartpole_preset():
     assert resolve_config("minatar", []) == load_config("minatar")
 
 
+@pytest.mark.parametrize("schedule", ["lr_schedule", "entropy_schedule"])
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "scripted_envs:make_env"])
+def test_a_linear_schedule_decays_over_the_budget_the_chosen_defaults_set(schedule, env_id):
+    """Issue 41.2: the family preset (or the defaults for an env without one) sets
+    ``max_env_steps``, the horizon of a linear schedule; the overrides are validated once, on
+    the config that runs, not on the bare defaults."""
+    cfg = resolve_config(None, [f"env.id={env_id}", f"algorithm.{schedule}=linear"])
+    assert getattr(cfg.algorithm, schedule) == "linear"
+    assert cfg.max_env_steps == 1_000_000
+    horizon = schedule.replace("schedule", "decay_env_steps")
+    with pytest.raises(ConfigError, match=f"algorithm.{horizon}"):
+        resolve_config(
+            None, [f"env.id={env_id}", f"algorithm.{schedule}=linear", "max_env_steps=null"]
+        )
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [("env.max_episode_steps=0", "env.max_episode_steps"), ("env.id=''", "env.id")],
+)
+def test_a_bad_env_setting_is_refused_by_name_before_the_env_is_built(override, field):
+    with pytest.raises(ConfigError, match=f"'{field}'.*valid"):
+        resolve_config(None, ["env.id=CartPole-v1", override])
+
+
 def test_max_time_share_is_validated():
     with pytest.raises(ConfigError, match="max_time_share"):
         load_config(overrides=["algorithm.rollout_evaluator.max_time_share=0"])

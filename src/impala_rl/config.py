@@ -445,6 +445,20 @@ def load_config(
     ``overrides`` are ``section.key=value`` strings (OmegaConf dotlist syntax, values parsed as
     YAML). ``base`` (a dict, e.g. a saved resolved config) replaces the preset.
     """
+    cfg = merge_config(preset, overrides, base)
+    validate(cfg)
+    return cfg
+
+
+def merge_config(
+    preset: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict | DictConfig | None = None,
+) -> RunConfig:
+    """:func:`load_config` without :func:`validate`: the schema's keys and types checked, the
+    ranges and the rules between fields not. For a caller that reads part of the overrides to
+    choose the layers under them (``env.id`` picks a preset): the config that runs is
+    validated once, whole, as ranges and cross-field rules depend on those layers."""
     merged: Any = OmegaConf.structured(RunConfig)
     layers: list[tuple[Any, str | None]] = []
     if base is not None:
@@ -469,7 +483,6 @@ def load_config(
         cfg: RunConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from None
-    validate(cfg)
     return cfg
 
 
@@ -694,15 +707,24 @@ def check_queue_out_of_sync_factor(a: ImpalaAlgorithmConfig) -> None:
         )
 
 
-def validate(cfg: RunConfig) -> None:
-    """Check :data:`RULES`, each entry of ``runner.ray_resources_per_actor``, then the rules
-    that relate two fields."""
+def check_rules(cfg: RunConfig, section: str = "") -> None:
+    """Check the :data:`RULES` of the keys under ``section`` (``"env"``; all by default):
+    each key's own range or choice, which no other field changes."""
+    prefix = f"{section}." if section else ""
     for key, rule in RULES.items():
+        if not key.startswith(prefix):
+            continue
         value = _get(cfg, key)
         if value is None and rule.nullable:
             continue
         if value is None or not rule.ok(value):
             _refuse(key, rule.valid, value)
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check :data:`RULES`, each entry of ``runner.ray_resources_per_actor``, then the rules
+    that relate two fields."""
+    check_rules(cfg)
     for pattern in cfg.log.console_stats:
         if not (isinstance(pattern, str) and pattern.strip()):
             _refuse("log.console_stats", "a list of non-empty glob patterns", pattern)

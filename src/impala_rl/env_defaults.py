@@ -25,7 +25,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from impala_rl.config import RunConfig, load_config
+from impala_rl.config import RunConfig, check_rules, load_config, merge_config
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.structured import is_structured
 
@@ -99,8 +99,14 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
 
 def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     """The config for ``overrides`` (which set ``env.id``) on defaults that fit the env, and
-    the console line saying what was chosen. Builds the env once to read its spaces."""
-    env_cfg = load_config(overrides=overrides).env
+    the console line saying what was chosen. Builds the env once to read its spaces.
+
+    Only the ``env`` section is checked before the probe; the rest is validated once, on the
+    config that runs (the preset chosen here may supply what an override needs, e.g. the
+    ``max_env_steps`` a linear schedule decays over)."""
+    probe_cfg = merge_config(overrides=overrides)
+    check_rules(probe_cfg, "env")
+    env_cfg = probe_cfg.env
     probe = EnvFactory(env_cfg.id, env_cfg.kwargs, env_cfg.max_episode_steps)()
     try:
         spaces, model = describe_spaces(probe)
