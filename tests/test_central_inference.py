@@ -310,6 +310,21 @@ def test_several_inference_servers_need_central_inference_and_an_actor_each():
     assert cfg.runner.inference_servers == 2
 
 
+def test_inference_servers_are_checked_against_each_learners_actors():
+    """Issue 41.6: every learner runs ``inference_servers`` servers for its own share of the
+    actors, so with two learners of 2 actors each, 4 servers leave 2 of each learner's idle."""
+    central = ["runner.backend=subprocess", "runner.inference=central"]
+    two = [*central, "algorithm.num_learners=2", "algorithm.num_actors=4"]
+    with pytest.raises(ConfigError) as info:
+        load_config("cartpole", [*two, "runner.inference_servers=4"])
+    msg = str(info.value)
+    assert "'runner.inference_servers'" in msg and "valid: at most 2" in msg
+    assert "algorithm.num_learners=2" in msg
+    assert (
+        load_config("cartpole", [*two, "runner.inference_servers=2"]).runner.inference_servers == 2
+    )
+
+
 def _train_central(tmp_path, *overrides: str) -> dict:
     """A short CartPole run with central inference on the subprocess backend."""
     from impala_rl.trainer import Trainer

@@ -281,9 +281,10 @@ class RunnerConfig:
     backend only)."""
     inference_servers: int = 1
     """``runner.inference=central``: server processes (Sample Factory's policy workers), actor
-    ``i`` served by server ``i % inference_servers``. One server's Python work per batch caps
-    the actors it can serve; add one when its closing log line says it was busy most of the
-    time and the device has room."""
+    ``i`` served by server ``i % inference_servers``; with several learners, each learner runs
+    this many for its own actors (at most its share of them). One server's Python work per
+    batch caps the actors it can serve; add one when its closing log line says it was busy
+    most of the time and the device has room."""
     start_method: str = "forkserver"
     """How actor processes start: ``forkserver`` or ``spawn`` (safe), ``fork`` (only when the
     learner process has no threads yet)."""
@@ -749,12 +750,6 @@ def validate(cfg: RunConfig) -> None:
             "1 with runner.inference=actor (each actor acts itself)",
             cfg.runner.inference_servers,
         )
-    if cfg.runner.inference_servers > a.num_actors:
-        _refuse(
-            "runner.inference_servers",
-            f"at most algorithm.num_actors={a.num_actors} (a server without actors idles)",
-            cfg.runner.inference_servers,
-        )
     check_queue_out_of_sync_factor(a)
     if a.num_actors % a.num_learners:
         _refuse(
@@ -762,6 +757,21 @@ def validate(cfg: RunConfig) -> None:
             f"a divisor of algorithm.num_actors={a.num_actors} (each learner takes the "
             "batches of as many actors)",
             a.num_learners,
+        )
+    # each learner runs runner.inference_servers servers for its own share of the actors
+    actors_per_learner = a.num_actors // a.num_learners
+    if cfg.runner.inference_servers > actors_per_learner:
+        valid = f"at most algorithm.num_actors={a.num_actors}"
+        if a.num_learners > 1:
+            valid = (
+                f"at most {actors_per_learner}, each learner's actors (algorithm.num_actors="
+                f"{a.num_actors} / algorithm.num_learners={a.num_learners}): every learner "
+                "runs this many servers for its own actors"
+            )
+        _refuse(
+            "runner.inference_servers",
+            f"{valid} (a server without actors idles)",
+            cfg.runner.inference_servers,
         )
     if a.max_policy_lag is not None and a.max_policy_lag < steps_per_batch(a) - 1:
         steps = "num_passes" if a.num_minibatches == 1 else "num_passes * num_minibatches"
