@@ -205,6 +205,8 @@ def test_scalar_for_a_section_names_the_field(override, field):
         (["algorithm.vtrace_clip_rho_threshold=0"], "algorithm.vtrace_clip_rho_threshold", "> 0"),
         (["algorithm.adam_betas=[0.9]"], "algorithm.adam_betas", "two numbers"),
         (["algorithm.device=tpu"], "algorithm.device", "cuda"),
+        (["algorithm.device=cuda:x"], "algorithm.device", "cuda:N"),
+        (["algorithm.device=cudaa"], "algorithm.device", "cuda:N"),
         (["model.activation=sigmoid"], "model.activation", "tanh"),
         (["model.hidden_sizes=[]"], "model.hidden_sizes", "non-empty"),
         (

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -552,7 +553,7 @@ def one_of(choices: tuple[str, ...]) -> Rule:
 
 
 def _device(value: str) -> bool:
-    return value in ("auto", "cpu", "mps") or value.startswith("cuda")
+    return value in ("auto", "cpu", "mps", "cuda") or re.fullmatch(r"cuda:\d+", value) is not None
 
 
 # Every range and choice of the schema, by dotted key. The schema's types come first (OmegaConf
