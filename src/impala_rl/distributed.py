@@ -9,15 +9,20 @@ rendezvous (a ``TCPStore``), starts the others (:func:`start_peer_learners`: pro
 one machine, Ray actors on a cluster), evaluates, writes events and checkpoints, and
 decides when the run stops; the others follow its decisions through :class:`LearnerGroup`.
 
-Gradients travel with NCCL when every learner has its own GPU, else with gloo (learners
-sharing one GPU copy the flat buffer to the host); control messages always use gloo.
+Gradients travel with NCCL when every learner has a GPU of its own, else with gloo (learners
+sharing one GPU copy the flat buffer to the host): the leader decides from every learner's
+device (host and GPU UUID) and tells the others, so the group never splits between the two.
+Control messages always use gloo.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import multiprocessing as mp
+import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -49,12 +54,51 @@ class Rendezvous:
     world_size: int
 
 
-def group_backend(device: torch.device, world_size: int) -> str:
-    """``nccl`` when every learner gets a GPU of its own, else ``gloo``."""
-    if device.type == "cuda" and dist.is_nccl_available():
-        if torch.cuda.device_count() >= world_size:
-            return "nccl"
-    return "gloo"
+DEVICE_KEY = "impala_rl/device/{rank}"
+BACKEND_KEY = "impala_rl/backend"
+
+
+def device_identity(device: torch.device) -> str:
+    """The physical device a learner trains on, comparable across processes and nodes: the
+    host and, for a GPU, its UUID (a Ray learner sees its GPU as ``cuda:0`` whichever it is)."""
+    host = socket.gethostname()
+    if device.type != "cuda":
+        return f"{device.type}|{host}"
+    props = torch.cuda.get_device_properties(device)
+    uuid = getattr(props, "uuid", None)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"cuda|{host}|{uuid if uuid is not None else index}"
+
+
+def choose_backend(identities: Sequence[str]) -> tuple[str, str]:
+    """The gradients' backend for learners on these devices (:func:`device_identity`, in rank
+    order) and why: ``nccl`` when every learner trains on a GPU of its own, else ``gloo``
+    (NCCL refuses two ranks on one GPU)."""
+    if not all(i.startswith("cuda|") for i in identities):
+        return "gloo", "not every learner is on a GPU"
+    if len(set(identities)) < len(identities):
+        shared = sorted({i.split("|", 2)[2] for i in identities if identities.count(i) > 1})
+        return "gloo", f"learners share a GPU ({', '.join(shared)}): gradients go through the host"
+    if not dist.is_nccl_available():
+        return "gloo", "this torch has no NCCL"
+    return "nccl", "every learner has a GPU of its own"
+
+
+def agree_backend(store: dist.TCPStore, rank: int, world_size: int, device: torch.device) -> str:
+    """The backend the leader chose from every learner's device, the same on every learner:
+    each decided alone before, and a leader that saw all of its node's GPUs picked NCCL while
+    its Ray peers, each seeing one, picked gloo, and the group hung."""
+    store.set(DEVICE_KEY.format(rank=rank), device_identity(device))
+    if rank != 0:
+        return store.get(BACKEND_KEY).decode()
+    keys = [DEVICE_KEY.format(rank=r) for r in range(world_size)]
+    store.wait(keys)
+    backend, why = choose_backend([store.get(k).decode() for k in keys])
+    (log.info if backend == "nccl" or why.startswith("not") else log.warning)(
+        "learner group: %s (%s)", backend, why
+    )
+    store.set(BACKEND_KEY, backend)
+    return backend
 
 
 def learner_device(device: torch.device, rank: int) -> torch.device:
@@ -109,7 +153,7 @@ class LearnerGroup:
             )
             store.set(JOINED_KEY.format(rank=rank), "1")
         self.store = store
-        self.backend = group_backend(device, self.world_size)
+        self.backend = self._collective(lambda: agree_backend(store, rank, self.world_size, device))
         if self.backend == "nccl":
             torch.cuda.set_device(device)
         self._collective(
@@ -433,6 +477,75 @@ def start_peer_learners(
         procs.append(p)
         started.append(reader)
     return PeerLearners(procs, "process", started)
+
+
+def ray_gpu_id(device: torch.device) -> str:
+    """Ray's id of the GPU ``device`` names in this process (``CUDA_VISIBLE_DEVICES``
+    renumbers them)."""
+    index = device.index or 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        if index < len(ids):
+            return ids[index]
+    return str(index)
+
+
+class LeaderGpuHold:
+    """The leader's GPU held by a placeholder Ray actor on the leader's node, so that Ray
+    places the further learners (and GPU actors) on other GPUs: the leader is the driver
+    process, whose GPU Ray does not count. Placeholders are asked for one after another
+    until one holds that GPU (Ray hands out whichever is free); the others are released.
+    Where none can (the node's GPUs are taken), the run goes on unreserved and the group's
+    backend falls back to gloo if a learner lands on the leader's GPU."""
+
+    def __init__(self, device: torch.device, num_gpus: float, wait_s: float = 30.0):
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.gpu_id = ray_gpu_id(device)
+        self.holder: Any = None
+        placeholder = ray.remote(num_cpus=0, num_gpus=num_gpus)(_GpuPlaceholder)
+        node = ray.get_runtime_context().get_node_id()
+        here = NodeAffinitySchedulingStrategy(node, soft=False)
+        spare = []
+        try:
+            for _ in range(max(1, int(ray.cluster_resources().get("GPU", 1)))):
+                actor = placeholder.options(scheduling_strategy=here).remote()
+                try:
+                    ids = ray.get(actor.gpu_ids.remote(), timeout=wait_s)
+                except Exception:  # no GPU left on this node: it would wait forever
+                    ray.kill(actor)
+                    break
+                if self.gpu_id in ids:
+                    self.holder = actor
+                    break
+                spare.append(actor)
+        finally:
+            for actor in spare:
+                ray.kill(actor)
+        if self.holder is None:
+            log.warning(
+                "could not reserve the leader's GPU %s on Ray: a further learner may share it",
+                self.gpu_id,
+            )
+
+    def release(self) -> None:
+        if self.holder is not None:
+            import ray
+
+            with contextlib.suppress(Exception):
+                ray.kill(self.holder)
+            self.holder = None
+
+
+class _GpuPlaceholder:
+    """Holds the GPUs Ray gave it until it is killed."""
+
+    def gpu_ids(self) -> list[str]:
+        import ray
+
+        return [str(i) for i in ray.get_gpu_ids()]
 
 
 class _RayLearner:

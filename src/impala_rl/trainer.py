@@ -34,6 +34,7 @@ from impala_rl.actors.subprocess import stop_helper_processes
 from impala_rl.checkpoint import CheckpointError
 from impala_rl.config import ConfigError, RunConfig, check_num_minibatches, to_dict, to_yaml
 from impala_rl.distributed import (
+    LeaderGpuHold,
     LearnerGroup,
     LearnerGroupError,
     PeerLearners,
@@ -328,6 +329,7 @@ class Trainer:
             start_forkserver()  # its imports overlap the learner's build below
         seed_everything(cfg.seed)
         torch.set_num_threads(learner_threads(cfg))
+        self._gpu_hold: LeaderGpuHold | None = None  # Ray: the leader's GPU, held
         if cfg.runner.keep_freed_memory:
             keep_freed_memory()
         self.env_factory: EnvFactory = make_env_factory(cfg.env)
@@ -496,6 +498,8 @@ class Trainer:
             )
         else:
             assert self._rendezvous is not None
+            if on_ray and cfg.runner.ray_num_gpus_per_learner > 0 and self.device.type == "cuda":
+                self._gpu_hold = LeaderGpuHold(self.device, cfg.runner.ray_num_gpus_per_learner)
             self.group = LearnerGroup(self.rank, self._rendezvous, self.device)
         self.learner.group = self.group
         self.group.broadcast_module(self.learner.model)
@@ -700,6 +704,8 @@ class Trainer:
         for _ in range(self.cfg.algorithm.epoch_length):
             epoch_steps += self._update(actors, train_policy, epoch_start, epoch_steps)
             stopped_because = self._budget_or_signal_stop()
+        if self._gpu_hold is not None:
+            self._gpu_hold.release()
             if stopped_because:
                 break
         if self.group is not None:
