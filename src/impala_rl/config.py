@@ -286,6 +286,12 @@ class RunnerConfig:
     this many for its own actors (at most its share of them). One server's Python work per
     batch caps the actors it can serve; add one when its closing log line says it was busy
     most of the time and the device has room."""
+    size_to_machine: bool = False
+    """Size the preset to the machine at start-up (:mod:`impala_rl.sizing`): actors from the
+    cores, the learner and central inference on a GPU, batch and epoch to match; settings
+    given as overrides stay. 2 cores: the preset as written."""
+    sized_for: str | None = None
+    """The machine a sized run was sized for (set at start-up; a resume keeps the sizes)."""
     start_method: str = "forkserver"
     """How actor processes start: ``forkserver`` or ``spawn`` (safe), ``fork`` (only when the
     learner process has no threads yet)."""

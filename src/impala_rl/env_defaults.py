@@ -28,6 +28,7 @@ import numpy as np
 from impala_rl.config import RunConfig, check_rules, load_config, merge_config
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.structured import is_structured
+from impala_rl.sizing import size_to_machine
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +152,14 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
 def resolve_config(preset: Any, overrides: list[str] | None = None) -> RunConfig:
     """``impala train [PRESET] [key=value ...]``'s config: the preset (a name or YAML path)
     when given; else defaults for ``env.id`` (:func:`env_defaults`, said on the log); else the
-    ``cartpole`` preset."""
+    ``cartpole`` preset. Sized to the machine where it asks to be (:mod:`impala_rl.sizing`)."""
     overrides = list(overrides or [])
     if preset is not None:
-        return load_config(preset, overrides)
-    if not _overridden(overrides, "env.id"):
+        cfg = load_config(preset, overrides)
+    elif not _overridden(overrides, "env.id"):
         log.info("no preset and no env.id: the %s preset", DEFAULT_PRESET)
-        return load_config(DEFAULT_PRESET, overrides)
-    cfg, line = env_defaults(overrides)
-    log.info("%s", line)
-    return cfg
+        cfg = load_config(DEFAULT_PRESET, overrides)
+    else:
+        cfg, line = env_defaults(overrides)
+        log.info("%s", line)
+    return size_to_machine(cfg, overrides)

@@ -1,0 +1,115 @@
+"""A preset sized to the machine it starts on (``runner.size_to_machine``).
+
+A preset describes learning (unroll, passes, lr) for the 2-core machine it was tuned on. A
+preset that sets ``runner.size_to_machine: true`` is sized at start-up to the cores and the GPU
+this process sees, for the settings the user did not give (an override always wins):
+
+- **a GPU** (unless ``algorithm.device=cpu`` is given): the learner on it
+  (``algorithm.device=cuda``), one actor process per core with one stepping thread each,
+  batches of a quarter of the actors' unrolls
+  (``actors_batch_size``), central inference with one server per 8 cores. Measured on one
+  H100/H200 with 16 cores (docs/performance.md): B=4 of 16 actors trained fastest, central
+  inference 1.2x actor-side, two servers beside one;
+- **no GPU, more than 2 cores**: half the cores step envs (one actor process each, one
+  stepping thread), the other half run the learner (``runner.learner_threads``), a batch of
+  one unroll per actor (not measured beyond 2 cores);
+- **2 cores or fewer**: the preset as written.
+
+``algorithm.epoch_length`` is scaled by the preset's batch over the new one, so an epoch
+stays the same number of env steps. What was chosen is said on the log and kept in the run's
+config (``runner.sized_for``, the sized values): a resume runs it as it was, on any machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from impala_rl.config import RunConfig, load_config, to_dict
+
+log = logging.getLogger(__name__)
+
+CORES_PER_SERVER = 8
+"""Central inference servers on a GPU box: one per this many cores."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a run can use: cores (this process's affinity) and the GPU's name, if any."""
+
+    cores: int
+    gpu: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.cores} cores" + (f", {self.gpu}" if self.gpu else ", no GPU")
+
+
+def detect_machine() -> Machine:
+    """This process's machine."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    gpu = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except Exception:  # a broken CUDA install counts as none
+        gpu = None
+    return Machine(cores, gpu)
+
+
+def _given(overrides: list[str]) -> set[str]:
+    return {item.split("=", 1)[0].strip().lstrip("+") for item in overrides}
+
+
+def sized_settings(cfg: RunConfig, machine: Machine, given: set[str] | None = None) -> dict:
+    """The settings ``machine`` gives ``cfg`` (dotted keys); those in ``given`` (the user's
+    overrides, already in ``cfg``) are left out and the others follow them (a given actor
+    count sets the batch). Empty for a machine of 2 cores or fewer without a GPU."""
+    given = given or set()
+    a = cfg.algorithm
+    on_gpu = machine.gpu is not None and ("algorithm.device" not in given or a.device != "cpu")
+    if not on_gpu and machine.cores <= 2:
+        return {}
+    out: dict[str, object] = {}
+    if on_gpu:
+        actors = a.num_actors if "algorithm.num_actors" in given else machine.cores
+        out["algorithm.device"] = "cuda"
+        out["algorithm.actors_batch_size"] = max(1, actors // 4)
+        if cfg.runner.backend == "subprocess":  # the only backend with central inference
+            out["runner.inference"] = "central"
+            servers = max(1, min(actors, machine.cores // CORES_PER_SERVER))
+            out["runner.inference_servers"] = servers
+    else:
+        actors = a.num_actors if "algorithm.num_actors" in given else machine.cores // 2
+        out["algorithm.actors_batch_size"] = actors
+        out["runner.learner_threads"] = max(1, machine.cores - actors)
+    out["algorithm.num_actors"] = actors
+    if "algorithm.actors_batch_size" not in given:
+        batch = int(out["algorithm.actors_batch_size"])  # type: ignore[call-overload]
+        out["algorithm.epoch_length"] = max(1, round(a.epoch_length * a.actors_batch_size / batch))
+    if "vector_threads" in cfg.env.kwargs:
+        out["env.kwargs.vector_threads"] = 1
+    return {k: v for k, v in out.items() if k not in given}
+
+
+def size_to_machine(
+    cfg: RunConfig, overrides: list[str], machine: Machine | None = None
+) -> RunConfig:
+    """``cfg`` sized to ``machine`` (this one by default) if its preset asks for it, the
+    keys in ``overrides`` left as given; records ``runner.sized_for`` and logs the choice."""
+    if not cfg.runner.size_to_machine or cfg.runner.sized_for is not None:
+        return cfg
+    machine = machine or detect_machine()
+    chosen = sized_settings(cfg, machine, _given(overrides))
+    what = ", ".join(f"{k}={v}" for k, v in chosen.items()) or "the preset as written"
+    sized = load_config(base=to_dict(cfg), overrides=[f"{k}={v}" for k, v in chosen.items()])
+    sized.runner.sized_for = str(machine)
+    log.info(
+        "sized for %s: %s (overrides win; runner.size_to_machine=false: as written)", machine, what
+    )
+    return sized

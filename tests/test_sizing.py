@@ -1,0 +1,82 @@
+"""Presets sized to the machine (``runner.size_to_machine``): what each machine gets, that an
+override wins, that 2 cores keep the preset, and that a resume keeps the sizes."""
+
+from __future__ import annotations
+
+import pytest
+
+import impala_rl
+from impala_rl import sizing
+from impala_rl.config import load_config
+from impala_rl.env_defaults import resolve_config
+from impala_rl.policy import load_run_config
+from impala_rl.sizing import Machine, size_to_machine
+
+GPU_BOX = Machine(16, "NVIDIA H100 80GB HBM3")
+
+
+def test_two_cores_keep_the_preset_as_written():
+    preset = load_config("pong_appo")
+    sized = size_to_machine(preset, [], Machine(2))
+    assert sized.runner.sized_for == "2 cores, no GPU"
+    sized.runner.sized_for = None
+    assert sized == preset
+
+
+def test_a_gpu_box_gets_the_measured_settings_with_no_override():
+    cfg = size_to_machine(load_config("pong_appo"), [], GPU_BOX)
+    a, r = cfg.algorithm, cfg.runner
+    assert (a.device, a.num_actors, a.actors_batch_size, a.envs_per_actor) == ("cuda", 16, 4, 8)
+    assert (r.inference, r.inference_servers, cfg.env.kwargs["vector_threads"]) == ("central", 2, 1)
+    assert a.epoch_length == 25  # 100 batches of 1 unroll's columns: the same env steps
+    assert r.sized_for == "16 cores, NVIDIA H100 80GB HBM3"
+
+
+def test_a_many_core_machine_without_a_gpu_splits_the_cores():
+    cfg = size_to_machine(load_config("pong"), [], Machine(16))
+    a = cfg.algorithm
+    assert (a.device, a.num_actors, a.actors_batch_size) == ("cpu", 8, 8)
+    assert cfg.runner.learner_threads == 8 and cfg.runner.inference == "actor"
+    assert cfg.env.kwargs["vector_threads"] == 1
+
+
+def test_an_override_always_wins(monkeypatch):
+    monkeypatch.setattr(sizing, "detect_machine", lambda: GPU_BOX)
+    overrides = ["algorithm.num_actors=12", "algorithm.device=cpu", "runner.inference_servers=1"]
+    cfg = resolve_config("pong_appo", overrides)
+    a = cfg.algorithm
+    assert (a.num_actors, a.device, a.actors_batch_size) == (12, "cpu", 12)
+    assert cfg.runner.inference == "actor"  # the CPU rule: the GPU was declined
+    assert cfg.runner.learner_threads == 4  # the cores the 12 actors leave
+    off = resolve_config("pong_appo", ["runner.size_to_machine=false"])
+    assert off.runner.sized_for is None and off.algorithm.num_actors == 1
+
+
+def test_a_preset_that_does_not_ask_is_not_sized(monkeypatch):
+    monkeypatch.setattr(sizing, "detect_machine", lambda: GPU_BOX)
+    cfg = resolve_config("cartpole", [])
+    assert cfg.runner.sized_for is None and cfg.algorithm.device == "cpu"
+
+
+def test_the_sizing_is_recorded_and_a_resume_keeps_it(tmp_path, monkeypatch):
+    """Sized for 6 cores, trained an epoch, resumed on this (2-core) machine: the run keeps
+    the 6-core sizes and is not sized again."""
+    monkeypatch.setattr(sizing, "detect_machine", lambda: Machine(6))
+    overrides = [
+        "runner.size_to_machine=true",
+        "runner.backend=sequential",
+        "log.console=false",
+        "log.tensorboard=false",
+        "algorithm.n_epochs=1",
+        "target_return=null",
+    ]
+    impala_rl.train(None, overrides, run_dir=tmp_path)
+    saved = load_run_config(tmp_path)
+    assert saved.runner.sized_for == "6 cores, no GPU"
+    assert (saved.algorithm.num_actors, saved.algorithm.actors_batch_size) == (3, 3)
+    monkeypatch.setattr(sizing, "detect_machine", lambda: pytest.fail("sized again on resume"))
+    summary = impala_rl.train(overrides=["algorithm.n_epochs=2"], run_dir=tmp_path, resume=True)
+    resumed = load_run_config(tmp_path)
+    assert summary["epochs"] == 2 and summary["stopped_because"] == "n_epochs"
+    assert (resumed.algorithm.num_actors, resumed.algorithm.actors_batch_size) == (3, 3)
+    assert resumed.runner.sized_for == "6 cores, no GPU"
