@@ -690,6 +690,8 @@ class Trainer:
             self.group.close()  # after a failure, a learner blocked in a collective fails at once
         if self.peers is not None:
             self.peers.join(10.0 + 2 * self.cfg.runner.shutdown_timeout_s)
+        if self._gpu_hold is not None:
+            self._gpu_hold.release()
         if self.group is not None:
             self.group.close()
 
@@ -704,8 +706,6 @@ class Trainer:
         for _ in range(self.cfg.algorithm.epoch_length):
             epoch_steps += self._update(actors, train_policy, epoch_start, epoch_steps)
             stopped_because = self._budget_or_signal_stop()
-        if self._gpu_hold is not None:
-            self._gpu_hold.release()
             if stopped_because:
                 break
         if self.group is not None:
