@@ -196,7 +196,9 @@ class EnvConfig:
     """What to train on."""
 
     id: str = "CartPole-v1"
-    """A Gymnasium id, or ``package.module:callable`` returning a Gymnasium env."""
+    """A Gymnasium id (third-party families such as ``MiniGrid-...`` are registered on
+    demand), ``package.module:callable`` returning a Gymnasium env, or Gymnasium's
+    ``package:EnvId`` (the package is imported, which registers the id)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for ``gymnasium.make`` or the factory."""
     max_episode_steps: int | None = None
@@ -615,7 +617,7 @@ RULES: dict[str, Rule] = {
     "algorithm.rollout_evaluator.max_time_share": Rule(
         lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1] or null", nullable=True
     ),
-    "env.id": Rule(bool, "a Gymnasium id or module:callable"),
+    "env.id": Rule(bool, "a Gymnasium id, module:callable or module:EnvId"),
     "env.max_episode_steps": at_least(1, integer=True, nullable=True),
     "env.vector": one_of(VECTOR_ENVS),
     "model.hidden_sizes": Rule(

@@ -1,9 +1,18 @@
 """Build environments from an ``env`` config section.
 
-``env.id`` is either a Gymnasium id (``MinAtar/...`` ids are registered on demand, with
-channels-first ``uint8`` frames, see :mod:`impala_rl.envs.minatar`; ``ALE/...`` ids are
-registered on demand and get the ``atari`` preset's preprocessing, see
-:func:`impala_rl.envs.atari.make_ale_id_env`) or ``package.module:callable``. Every env is
+``env.id`` is one of:
+
+- a Gymnasium id. Ids of the families in :data:`ID_FAMILIES` (``MiniGrid-...``) are
+  registered on demand by importing their package; ``MinAtar/...`` ids are registered on
+  demand, with channels-first ``uint8`` frames, see :mod:`impala_rl.envs.minatar`; ``ALE/...``
+  ids are registered on demand and get the ``atari`` preset's preprocessing, see
+  :func:`impala_rl.envs.atari.make_ale_id_env`. An id nobody registers names the package to
+  install where its family is known.
+- ``package.module:callable``: a callable that returns a ``gymnasium.Env``;
+- ``package:EnvId``, Gymnasium's own form: when the attribute is not a callable, the module
+  is imported (which registers its ids) and the id is made.
+
+Every env is
 wrapped so the model sees one ``Box`` observation: image-like ``uint8`` boxes pass through
 unchanged (they stay ``uint8`` up to the network), everything else (Dict, Tuple, Discrete,
 MultiDiscrete, MultiBinary, multi-dimensional Box) is flattened to a float32 vector.
@@ -36,22 +45,79 @@ __all__ = [
 ]
 
 
-def _import_callable(spec: str) -> Callable[..., gym.Env]:
+ID_FAMILIES: dict[str, tuple[str, str]] = {
+    "MiniGrid-": ("minigrid", "'impala-rl[minigrid]'"),
+    "BabyAI-": ("minigrid", "'impala-rl[minigrid]'"),
+    "MiniWorld-": ("miniworld", "miniworld"),
+}
+"""Gymnasium id prefixes of packages that register their ids when imported: prefix ->
+(module to import, what to ``pip install``)."""
+
+
+def _import_target(spec: str) -> Callable[..., gym.Env] | str:
+    """The callable ``module:callable`` names, or the Gymnasium id of ``module:EnvId`` (the
+    attribute is not a callable and importing the module registered the id)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise EnvError(f"env.id {spec!r}: expected 'package.module:callable'")
+        raise EnvError(f"env.id {spec!r}: expected 'package.module:callable' or 'package:EnvId'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise EnvError(f"env.id {spec!r}: cannot import module {module_name!r} ({exc})") from None
     target: Any = module
     for part in attr.split("."):
-        if not hasattr(target, part):
-            raise EnvError(f"env.id {spec!r}: module {module_name!r} has no attribute {attr!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise EnvError(f"env.id {spec!r}: {attr!r} is not callable")
-    return target
+        target = getattr(target, part, None)
+        if target is None:
+            break
+    if callable(target):
+        return target
+    if attr in gym.registry:
+        return attr
+    raise EnvError(
+        f"env.id {spec!r}: {attr!r} is neither a callable nor a Gymnasium id of module "
+        f"{module_name!r}; valid: 'package.module:callable' (returning a gymnasium.Env) or "
+        "'package:EnvId' (an id the package registers when imported)"
+    )
+
+
+def _import_callable(spec: str) -> Callable[..., gym.Env] | None:
+    """The callable ``module:callable`` names; ``None`` for a ``module:EnvId``."""
+    target = _import_target(spec)
+    return None if isinstance(target, str) else target
+
+
+def register_on_demand(env_id: str) -> None:
+    """Import the package of ``env_id``'s family (:data:`ID_FAMILIES`) if the id is not
+    registered yet; a family whose package is missing is an :class:`EnvError` that names it."""
+    if env_id in gym.registry:
+        return
+    for prefix, (module_name, package) in ID_FAMILIES.items():
+        if env_id.startswith(prefix):
+            try:
+                importlib.import_module(module_name)
+            except ImportError as exc:
+                raise EnvError(
+                    f"env.id {env_id!r} needs the {module_name} package ({exc}): "
+                    f"pip install {package}"
+                ) from None
+            return
+
+
+def make_id_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+    """``gymnasium.make(env_id, **kwargs)`` after :func:`register_on_demand`; an id nobody
+    registers says how to name the package that does."""
+    register_on_demand(env_id)
+    try:
+        return gym.make(env_id, **kwargs)
+    except (gym.error.NameNotFound, gym.error.NamespaceNotFound) as exc:
+        raise EnvError(
+            f"env.id {env_id!r}: {exc} If a package provides it, install the package and write "
+            f"env.id=package:{env_id} (the package is imported, which registers its ids)"
+        ) from None
+    except gym.error.Error as exc:
+        raise EnvError(f"env.id {env_id!r}: {exc}") from None
+    except TypeError as exc:
+        raise EnvError(f"env.kwargs for {env_id!r}: {exc}") from None
 
 
 AUTO_TIMING_S = 0.15  # seconds per vector env and round when env.vector=auto is settled
@@ -75,8 +141,8 @@ class EnvFactory:
         self.structured: bool | None = None  # known once an env was built (travels pickled)
 
     def __call__(self) -> gym.Env:
-        if ":" in self.env_id:
-            fn = _import_callable(self.env_id)
+        fn = _import_target(self.env_id) if ":" in self.env_id else self.env_id
+        if not isinstance(fn, str):
             try:
                 env = fn(**self.kwargs)
             except Exception as exc:
@@ -98,13 +164,8 @@ class EnvFactory:
 
             env = make_ale_id_env(self.env_id, **self.kwargs)
         else:
-            try:
-                kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}
-                env = gym.make(self.env_id, **kwargs)
-            except gym.error.Error as exc:
-                raise EnvError(f"env.id {self.env_id!r}: {exc}") from None
-            except TypeError as exc:
-                raise EnvError(f"env.kwargs for {self.env_id!r}: {exc}") from None
+            kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}
+            env = make_id_env(fn, kwargs)
         self.structured = is_structured(env)
         if self.structured:  # spaces per step key: the structured vector env converts them
             if self.max_episode_steps is not None:
@@ -139,7 +200,7 @@ class EnvFactory:
                     self.env_id, num_envs, self.kwargs, self.max_episode_steps
                 )
             return None
-        else:
+        else:  # module:callable (module:EnvId has no native vector env)
             make = getattr(_import_callable(self.env_id), "make_vector", None)
             if make is None:
                 return None

@@ -20,6 +20,21 @@ def _is_image(space: spaces.Space) -> bool:
     return isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
 
 
+def _unflattenable(space: spaces.Space) -> str:
+    """Which entries of a Dict or Tuple space cannot be flattened to numbers (e.g. ``Text``)."""
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        items = space.spaces.items() if isinstance(space, spaces.Dict) else enumerate(space)
+        bad = []
+        for key, sub in items:
+            try:
+                spaces.flatten_space(sub)
+            except NotImplementedError:
+                bad.append(f"{key!r} ({type(sub).__name__})")
+        if bad:
+            return f"entries {', '.join(bad)} cannot be flattened to numbers"
+    return f"{type(space).__name__} cannot be flattened to numbers"
+
+
 def model_observation_space(space: spaces.Space) -> spaces.Box:
     """The ``Box`` the model receives for an env's observation space."""
     if _is_image(space):
@@ -29,7 +44,9 @@ def model_observation_space(space: spaces.Space) -> spaces.Box:
     try:
         flat = spaces.flatten_space(space)
     except NotImplementedError as exc:
-        raise EnvError(f"observation space {space} is not supported: {exc}") from None
+        raise EnvError(
+            f"observation space {space} is not supported: {str(exc) or _unflattenable(space)}"
+        ) from None
     if not isinstance(flat, spaces.Box):
         raise EnvError(f"observation space {space} does not flatten to a Box")
     return spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32)

@@ -1,0 +1,104 @@
+"""``env.id`` as users type it: third-party Gymnasium ids registered on demand, Gymnasium's
+``module:EnvId`` form next to ``module:callable``, and unknown ids that name what to install."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from impala_rl.envs import factory as env_factory
+from impala_rl.envs.factory import EnvError, EnvFactory
+
+FAKE_ID = "ImpalaTestIds-v0"
+
+
+@pytest.fixture
+def fake_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A package ``impala_fake_envs`` that registers ``FAKE_ID`` when imported (as minigrid
+    registers its ids), on ``sys.path`` for this test; the id and module are removed after."""
+    package = tmp_path / "impala_fake_envs"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        textwrap.dedent(
+            f"""
+            import gymnasium as gym
+
+            NOT_CALLABLE = 3
+            gym.register(id={FAKE_ID!r}, entry_point="gymnasium.envs.classic_control:CartPoleEnv")
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "impala_fake_envs"
+    sys.modules.pop("impala_fake_envs", None)
+    gym.registry.pop(FAKE_ID, None)
+
+
+def test_module_env_id_form_imports_the_module_and_makes_the_id(fake_package):
+    env = EnvFactory(f"{fake_package}:{FAKE_ID}", max_episode_steps=7)()
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4,)
+    assert env.spec is not None and env.spec.id == FAKE_ID
+    env.close()
+
+
+def test_bare_id_of_a_known_family_is_registered_on_demand(fake_package, monkeypatch):
+    monkeypatch.setitem(env_factory.ID_FAMILIES, "ImpalaTestIds-", (fake_package, "fake-pkg"))
+    assert FAKE_ID not in gym.registry
+    env = EnvFactory(FAKE_ID)()
+    assert env.observation_space.shape == (4,)
+    env.close()
+
+
+def test_unknown_id_of_a_known_family_names_the_package_to_install(monkeypatch):
+    monkeypatch.setitem(
+        env_factory.ID_FAMILIES, "ImpalaNoPkg-", ("impala_no_such_pkg", "impala-no-such-pkg")
+    )
+    with pytest.raises(EnvError, match=r"pip install impala-no-such-pkg"):
+        EnvFactory("ImpalaNoPkg-Maze-v0")()
+
+
+def test_unknown_id_says_how_to_name_a_package():
+    with pytest.raises(EnvError, match=r"doesn't exist.*package:ImpalaNothing-v0"):
+        EnvFactory("ImpalaNothing-v0")()
+
+
+def test_module_colon_attribute_that_is_neither_callable_nor_id_is_refused(fake_package):
+    with pytest.raises(EnvError, match=r"NOT_CALLABLE.*neither a callable nor a Gymnasium id"):
+        EnvFactory(f"{fake_package}:NOT_CALLABLE")()
+    with pytest.raises(EnvError, match=r"cannot import module 'impala_no_such_module'"):
+        EnvFactory("impala_no_such_module:Thing-v0")()
+
+
+def test_minigrid_ids_reach_the_observation_check():
+    """In a fresh interpreter (nothing imported minigrid yet) both forms a user types get past
+    the id to the observation space, which names the entry that cannot be flattened."""
+    pytest.importorskip("minigrid")
+    code = textwrap.dedent(
+        """
+        from impala_rl.envs.factory import EnvError, EnvFactory
+        for env_id in ("MiniGrid-DoorKey-5x5-v0", "minigrid:MiniGrid-DoorKey-5x5-v0"):
+            try:
+                EnvFactory(env_id)()
+            except EnvError as exc:
+                print(exc)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(env_factory.__file__).parents[2])}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2, result.stdout
+    for line in lines:
+        assert "is not supported" in line and "'mission' (MissionSpace) cannot be flat" in line, (
+            line
+        )
+        assert "doesn't exist" not in line
