@@ -91,6 +91,11 @@ class DistributedActors(abc.ABC):
     def stop(self) -> None:
         """Stop and join every actor and free every resource; safe to call twice."""
 
+    def abandon(self) -> None:  # noqa: B027 (a backend that restarts nothing has nothing to do)
+        """Restart no actor from now on: the process is ending without :meth:`stop` (its
+        main thread does not return) and stops every process it started itself. Safe from
+        any thread."""
+
     @abc.abstractmethod
     def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Publish new weights; actors load them between unrolls. Increments the version."""

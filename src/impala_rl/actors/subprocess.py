@@ -403,6 +403,11 @@ class SubprocessDistributedActors(DistributedActors):
             actor.process = actor.conn = None
         self._unreaped = [p for p in self._unreaped if _reap(p, timeout=2.0) is None]
 
+    def abandon(self) -> None:
+        # No lock: a main thread that does not return may hold it. The dispatcher reads the
+        # flag at its next round and returns; _on_death restarts nothing once it is set.
+        self._stopping = True
+
     # -- the dispatcher thread ------------------------------------------------------------------
     def _dispatch_loop(self) -> None:
         try:
