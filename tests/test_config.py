@@ -472,7 +472,8 @@ def test_choice_tuples_are_defined_once():
     assert actor_critic.PRECISIONS is structured.PRECISIONS is config_module.PRECISIONS
     assert structured.CRITIC_MODES is config_module.CRITIC_MODES
     assert losses.REWARD_CLIPPING_MODES is config_module.REWARD_CLIPPING_MODES
-    assert RULES["model.encoder"].valid == " | ".join(config_module.ENCODERS)
+    choices = " | ".join(config_module.ENCODERS)
+    assert RULES["model.encoder"].valid == f"{choices} | package.module:Class (your own encoder)"
 
 
 @pytest.mark.parametrize(

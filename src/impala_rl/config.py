@@ -196,9 +196,10 @@ class EnvConfig:
     """What to train on."""
 
     id: str = "CartPole-v1"
-    """A Gymnasium id (third-party families such as ``MiniGrid-...`` are registered on
-    demand), ``package.module:callable`` returning a Gymnasium env, or Gymnasium's
-    ``package:EnvId`` (the package is imported, which registers the id)."""
+    """A Gymnasium id (``MiniGrid-...``, ``MinAtar/...`` and ``ALE/...`` ids are registered on
+    demand; an id nobody registers names the package to install where its family is known),
+    ``package.module:callable`` returning a Gymnasium env, or Gymnasium's ``package:EnvId``
+    (the package is imported, which registers the id)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for ``gymnasium.make`` or the factory."""
     max_episode_steps: int | None = None
@@ -225,7 +226,20 @@ class ModelConfig:
     """One torso for policy and value (``true``) or two separate ones."""
     encoder: str = "mlp"
     """Torso: ``mlp`` (vectors), ``nature_cnn`` or ``impala_resnet`` (uint8 images [C, H, W]),
-    ``minatar_cnn`` (small images such as MinAtar's 10x10)."""
+    ``minatar_cnn`` (small images such as MinAtar's 10x10), or your own by import path,
+    ``package.module:Class``: built as ``Class(observation_space, **encoder_kwargs)``, an
+    ``nn.Module`` with an int ``out_features`` that maps observations ``[N, *obs_shape]`` (in
+    the space's dtype: images stay uint8) to features ``[N, out_features]``. The heads, core,
+    last inputs, PopArt, bf16 and central inference work on top of it as on a built-in one."""
+    encoder_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of an encoder given by import path (recorded with the run, so resume,
+    ``impala eval`` and ``load_policy`` rebuild it); empty for a built-in encoder."""
+    value_encoder: str | None = None
+    """The value torso's encoder when the torso is not shared: a built-in name or
+    ``package.module:Class`` as ``encoder``; ``null``: the same as ``encoder`` (with
+    ``encoder_kwargs``)."""
+    value_encoder_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of a ``value_encoder`` given by import path."""
     core: str = "none"
     """``none`` or ``lstm``: an LSTM between torso and heads (needs ``shared_torso=true``);
     each rollout stores its initial state and the state resets at episode starts."""
@@ -527,6 +541,12 @@ class Rule(NamedTuple):
     nullable: bool = False
 
 
+def is_import_path(value: Any) -> bool:
+    """``package.module:Attribute`` (dotted names on both sides of one colon)."""
+    name = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
+    return isinstance(value, str) and re.fullmatch(f"{name}:{name}", value) is not None
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -624,7 +644,15 @@ RULES: dict[str, Rule] = {
         lambda v: len(v) >= 1 and all(h >= 1 for h in v), "a non-empty list of integers >= 1"
     ),
     "model.activation": one_of(ACTIVATIONS),
-    "model.encoder": one_of(ENCODERS),
+    "model.encoder": Rule(
+        lambda v: v in ENCODERS or is_import_path(v),
+        " | ".join(ENCODERS) + " | package.module:Class (your own encoder)",
+    ),
+    "model.value_encoder": Rule(
+        lambda v: v in ENCODERS or is_import_path(v),
+        " | ".join(ENCODERS) + " | package.module:Class (your own encoder) | null",
+        nullable=True,
+    ),
     "model.core": one_of(CORES),
     "model.lstm_hidden_size": at_least(1, integer=True),
     "model.precision": one_of(PRECISIONS),
@@ -717,6 +745,27 @@ def check_queue_out_of_sync_factor(a: ImpalaAlgorithmConfig) -> None:
         )
 
 
+def check_encoders(m: ModelConfig) -> None:
+    """Kwargs only for encoders given by import path; a value encoder only for a value torso
+    of its own (``shared_torso: false``)."""
+    for key, encoder in (("encoder", m.encoder), ("value_encoder", m.value_encoder)):
+        kwargs = getattr(m, f"{key}_kwargs")
+        if kwargs and not is_import_path(encoder):
+            _refuse(
+                f"model.{key}_kwargs",
+                f"{{}} unless model.{key} is an encoder given by import path "
+                "(package.module:Class); a built-in one takes model.hidden_sizes and "
+                "model.activation",
+                dict(kwargs),
+            )
+    if m.value_encoder is not None and m.shared_torso:
+        _refuse(
+            "model.value_encoder",
+            "null when model.shared_torso is true (one torso feeds both heads)",
+            m.value_encoder,
+        )
+
+
 def check_rules(cfg: RunConfig, section: str = "") -> None:
     """Check the :data:`RULES` of the keys under ``section`` (``"env"``; all by default):
     each key's own range or choice, which no other field changes."""
@@ -802,18 +851,25 @@ def validate(cfg: RunConfig) -> None:
                 getattr(a, horizon),
             )
     m = cfg.model
-    for key in ("actor_hidden_sizes", "critic_hidden_sizes"):
-        if getattr(m, key) is not None and (m.shared_torso or m.encoder != "mlp"):
+    check_encoders(m)
+    for key, field_name in (("actor_hidden_sizes", "encoder"), ("critic_hidden_sizes", "")):
+        encoder = m.encoder if field_name else (m.value_encoder or m.encoder)
+        if getattr(m, key) is not None and (m.shared_torso or encoder != "mlp"):
             _refuse(
                 f"model.{key}",
-                "null when model.shared_torso is true or model.encoder is not mlp (set "
+                "null when model.shared_torso is true or its torso's encoder is not mlp (set "
                 "model.hidden_sizes instead)",
                 getattr(m, key),
             )
     if m.normalize_obs and m.encoder != "mlp":
+        reason = (
+            "normalize inside your encoder"
+            if is_import_path(m.encoder)
+            else "images are scaled to [0, 1] already"
+        )
         _refuse(
             "model.normalize_obs",
-            f"false for model.encoder={m.encoder} (images are scaled to [0, 1] already)",
+            f"false for model.encoder={m.encoder} ({reason})",
             m.normalize_obs,
         )
     if m.core != "none" and not m.shared_torso:

@@ -9,7 +9,8 @@ precision.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -64,10 +65,13 @@ class ActorCritic(KeyedActorCritic):
     interface (:class:`~impala_rl.nn.structured.StructuredActorCritic` has several keys).
 
     The torso is an encoder from :mod:`impala_rl.nn.encoders`: an MLP over the flattened
-    observation (``encoder="mlp"``), or a CNN over ``uint8`` images ``[C, H, W]``. With
-    ``shared_torso`` one torso feeds both heads; otherwise the policy and value each get their
-    own. ``use_last_action_reward`` appends the previous decision's :meth:`last_inputs` (action
-    one-hot, reward clipped to [-1, 1]) to each torso's output. ``core="lstm"`` puts an LSTM
+    observation (``encoder="mlp"``), a CNN over ``uint8`` images ``[C, H, W]``, or the user's
+    ``package.module:Class`` built from the observation space and ``encoder_kwargs`` (see
+    :class:`~impala_rl.nn.encoders.ImportedEncoder`). With ``shared_torso`` one torso feeds
+    both heads; otherwise the policy and value each get their own, the value's from
+    ``value_encoder`` and ``value_encoder_kwargs`` when given. ``use_last_action_reward``
+    appends the previous decision's :meth:`last_inputs` (action one-hot, reward clipped to
+    [-1, 1]) to each torso's output. ``core="lstm"`` puts an LSTM
     between the (shared) torso and the heads.
 
     Every method takes the step key first (always 0 here) so code outside ``nn/`` treats this
@@ -97,6 +101,9 @@ class ActorCritic(KeyedActorCritic):
         critic_hidden_sizes: Sequence[int] | None = None,
         normalize_obs: bool = False,
         popart_beta: float | None = None,
+        encoder_kwargs: Mapping[str, Any] | None = None,
+        value_encoder: str | None = None,
+        value_encoder_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(observation_space, gymnasium.spaces.Box):
@@ -126,15 +133,25 @@ class ActorCritic(KeyedActorCritic):
 
         if self.shared_torso and (actor_hidden_sizes or critic_hidden_sizes):
             raise ValueError("separate actor/critic hidden sizes need shared_torso=false")
+        if self.shared_torso and value_encoder is not None:
+            raise ValueError("a value_encoder needs shared_torso=false (a value torso of its own)")
 
-        def torso(sizes: Sequence[int] | None) -> nn.Module:
-            return make_encoder(encoder, self.obs_shape, sizes or hidden_sizes, activation)
+        def torso(
+            kind: str, kwargs: Mapping[str, Any] | None, sizes: Sequence[int] | None, field: str
+        ) -> nn.Module:
+            sizes = sizes or hidden_sizes
+            space = observation_space
+            return make_encoder(kind, self.obs_shape, sizes, activation, space, kwargs, field)
 
         self.obs_norm = RunningObsNorm(self.obs_shape) if normalize_obs else None
-        self.policy_torso = torso(actor_hidden_sizes)
-        self.value_torso: nn.Module | None = (
-            None if self.shared_torso else torso(critic_hidden_sizes)
-        )
+        self.policy_torso = torso(encoder, encoder_kwargs, actor_hidden_sizes, "model.encoder")
+        self.value_torso: nn.Module | None = None
+        if not self.shared_torso and value_encoder is None:
+            self.value_torso = torso(encoder, encoder_kwargs, critic_hidden_sizes, "model.encoder")
+        elif not self.shared_torso:
+            self.value_torso = torso(
+                value_encoder, value_encoder_kwargs, critic_hidden_sizes, "model.value_encoder"
+            )
         features = self.policy_torso.out_features + self.extra_features
         self.core: LSTMCore | None = None
         if core == "lstm":

@@ -1,5 +1,5 @@
 """Observation encoders: an MLP for vectors; the Nature CNN, the IMPALA ResNet and the MinAtar
-CNN for images.
+CNN for images; or the user's own, by import path (:class:`ImportedEncoder`).
 
 Image encoders take ``uint8`` frames ``[*batch, C, H, W]`` (e.g. 4 stacked 84x84 grayscale
 frames) and scale them to [0, 1] inside the first layer, so observations stay ``uint8`` from
@@ -8,13 +8,16 @@ the env to the network. Every encoder maps ``[*batch, *obs_shape]`` to ``[*batch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+import gymnasium
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from impala_rl.config import ENCODERS
+from impala_rl.config import ENCODERS, ConfigError, is_import_path
 from impala_rl.nn.mlp import MLP
 
 
@@ -156,14 +159,123 @@ class MLPEncoder(nn.Module):
         return self.mlp(obs.reshape(*batch, self.obs_dim).to(torch.float32))
 
 
+class ImportedEncoder(nn.Module):
+    """The user's encoder, ``model.encoder=package.module:Class``, under the model's batch
+    dimensions.
+
+    The protocol: ``Class(observation_space, **kwargs)`` builds an ``nn.Module`` with an int
+    ``out_features``; its forward maps observations ``[N, *obs_shape]``, in the space's dtype
+    (``uint8`` images stay ``uint8``: scale them in the module), to float features
+    ``[N, out_features]``. One batch dimension keeps user code simple; this wrapper folds the
+    model's ``[*batch]`` (``[B]`` acting, ``[T + 1, B]`` learning) into it and back. The class
+    is checked on a batch of two sampled observations when built, so an import error or a
+    wrong shape is a :class:`~impala_rl.config.ConfigError` naming ``field`` before training
+    starts. The module is ``self.module`` (its parameters are saved as ``module.*``).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        observation_space: gymnasium.Space,
+        kwargs: Mapping[str, Any] | None = None,
+        field: str = "model.encoder",
+    ):
+        super().__init__()
+        self.path, self.field = path, field
+        kwargs = dict(kwargs or {})
+        cls = self._import(path)
+        try:
+            module = cls(observation_space, **kwargs)
+        except Exception as exc:
+            space = f"{type(observation_space).__name__}{observation_space.shape}"
+            if observation_space.dtype is not None:
+                space += f" {observation_space.dtype}"
+            raise self._error(
+                f"{path}(<{space}>, **{kwargs}) raised {type(exc).__name__}: {exc} "
+                f"(kwargs come from {field}_kwargs)"
+            ) from exc
+        if not isinstance(module, nn.Module):
+            raise self._error(f"built a {type(module).__name__}, not a torch.nn.Module")
+        out = getattr(module, "out_features", None)
+        if isinstance(out, bool) or not isinstance(out, (int, np.integer)) or out < 1:
+            raise self._error(
+                f"a {type(module).__name__} declares out_features={out!r}; valid: an int >= 1, "
+                "the width of the features it returns"
+            )
+        self.module = module
+        self.out_features = int(out)
+        self.obs_shape = tuple(int(d) for d in (observation_space.shape or ()))
+        self._check(observation_space)
+
+    def _error(self, text: str) -> ConfigError:
+        return ConfigError(f"{self.field}={self.path!r}: {text}")
+
+    def _import(self, path: str) -> Any:
+        if not is_import_path(path):
+            raise self._error(f"expected package.module:Class; valid: {', '.join(ENCODERS)}")
+        module_name, _, attr = path.partition(":")
+        try:
+            target: Any = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise self._error(
+                f"cannot import module {module_name!r} ({exc}; is its directory on PYTHONPATH?)"
+            ) from None
+        for part in attr.split("."):
+            if not hasattr(target, part):
+                raise self._error(f"module {module_name!r} has no attribute {attr!r}")
+            target = getattr(target, part)
+        if not callable(target):
+            raise self._error(f"{attr!r} is not callable; valid: an nn.Module class")
+        return target
+
+    def _check(self, space: gymnasium.Space) -> None:
+        """One forward on two sampled observations must give ``[2, out_features]`` floats."""
+        obs = torch.as_tensor(np.stack([space.sample() for _ in range(2)]))
+        try:
+            with torch.no_grad():
+                out = self.module(obs)
+        except Exception as exc:
+            raise self._error(
+                f"forward on observations {tuple(obs.shape)} {obs.dtype} raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        shape = tuple(out.shape) if isinstance(out, Tensor) else None
+        if shape != (2, self.out_features) or not out.is_floating_point():
+            got = f"{list(shape)} {out.dtype}" if shape is not None else f"a {type(out).__name__}"
+            raise self._error(
+                f"returned {got} for observations {list(obs.shape)}; valid: a float tensor "
+                f"[N, out_features] = [2, {self.out_features}]"
+            )
+
+    def use_channels_last(self) -> None:
+        """``model.channels_last``: the module's own ``use_channels_last()``, if it has one."""
+        own = getattr(self.module, "use_channels_last", None)
+        if callable(own):
+            own()
+
+    def forward(self, obs: Tensor) -> Tensor:
+        batch = obs.shape[: obs.ndim - len(self.obs_shape)]
+        features = self.module(obs.reshape(-1, *self.obs_shape))
+        return features.reshape(*batch, self.out_features)
+
+
 def make_encoder(
     kind: str,
     obs_shape: Sequence[int],
     hidden_sizes: Sequence[int] = (64, 64),
     activation: str = "tanh",
+    observation_space: gymnasium.Space | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    field: str = "model.encoder",
 ) -> nn.Module:
     """An encoder with an ``out_features`` attribute: ``mlp``, ``nature_cnn``,
-    ``impala_resnet`` or ``minatar_cnn``."""
+    ``impala_resnet``, ``minatar_cnn``, or ``package.module:Class`` (an
+    :class:`ImportedEncoder` built from ``observation_space`` and ``kwargs``; ``field`` names
+    the config field in its errors)."""
+    if ":" in kind:
+        if observation_space is None:
+            raise ValueError(f"encoder {kind!r} is built from an observation space; none given")
+        return ImportedEncoder(kind, observation_space, kwargs, field)
     if kind == "mlp":
         return MLPEncoder(obs_shape, hidden_sizes, activation)
     if kind == "nature_cnn":
@@ -172,4 +284,6 @@ def make_encoder(
         return ImpalaResNet(obs_shape)
     if kind == "minatar_cnn":
         return MinAtarCNN(obs_shape)
-    raise ValueError(f"unknown encoder {kind!r}; valid: {', '.join(ENCODERS)}")
+    raise ValueError(
+        f"unknown encoder {kind!r}; valid: {', '.join(ENCODERS)} or package.module:Class"
+    )

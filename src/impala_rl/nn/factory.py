@@ -12,6 +12,16 @@ from impala_rl.nn.init import initialize
 from impala_rl.nn.structured import StructuredActorCritic
 
 
+def _encoders(model_cfg: ModelConfig) -> dict[str, Any]:
+    """The kwargs of the user's encoders (``model.encoder_kwargs``, ``model.value_encoder``
+    and its kwargs) as the model classes take them."""
+    return {
+        "encoder_kwargs": dict(model_cfg.encoder_kwargs),
+        "value_encoder": model_cfg.value_encoder,
+        "value_encoder_kwargs": dict(model_cfg.value_encoder_kwargs),
+    }
+
+
 def build_model(
     model_cfg: ModelConfig, observation_space: gym.spaces.Box, action_space: gym.Space
 ) -> ActorCritic:
@@ -33,7 +43,10 @@ def build_model(
             critic_hidden_sizes=model_cfg.critic_hidden_sizes,
             normalize_obs=model_cfg.normalize_obs,
             popart_beta=model_cfg.popart_beta if model_cfg.popart else None,
+            **_encoders(model_cfg),
         )
+    except ConfigError:
+        raise  # already names its field (a user's encoder)
     except ValueError as exc:
         raise ConfigError(f"model (encoder={model_cfg.encoder!r}): {exc}") from None
     initialize(model, model_cfg.init)
@@ -70,7 +83,10 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
             normalize_obs=model_cfg.normalize_obs,
             popart_beta=model_cfg.popart_beta if model_cfg.popart else None,
             use_last_action_reward=model_cfg.use_last_action_reward,
+            **_encoders(model_cfg),
         )
+    except ConfigError:
+        raise
     except ValueError as exc:
         raise ConfigError(f"model (structured env): {exc}") from None
     initialize(model, model_cfg.init)

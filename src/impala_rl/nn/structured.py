@@ -10,6 +10,7 @@ critic read the core's output.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -60,11 +61,14 @@ class PolicyNet(nn.Module):
         precision: str = "fp32",
         head_in: int | None = None,
         extra_in: int = 0,
+        encoder_kwargs: Mapping[str, Any] | None = None,
     ):
         super().__init__()
         self.precision = precision
         self.obs_shape = tuple(observation_space.shape)
-        self.torso = make_encoder(encoder, self.obs_shape, hidden_sizes, activation)
+        self.torso = make_encoder(
+            encoder, self.obs_shape, hidden_sizes, activation, observation_space, encoder_kwargs
+        )
         self.action_head: ActionHead = make_action_head(
             action_space, (head_in or self.torso.out_features) + extra_in
         )
@@ -155,6 +159,9 @@ class StructuredActorCritic(KeyedActorCritic):
         normalize_obs: bool = False,
         popart_beta: float | None = None,
         use_last_action_reward: bool = False,
+        encoder_kwargs: Mapping[str, Any] | None = None,
+        value_encoder: str | None = None,
+        value_encoder_kwargs: Mapping[str, Any] | None = None,
     ):
         super().__init__()
         if core not in CORES:
@@ -166,6 +173,11 @@ class StructuredActorCritic(KeyedActorCritic):
             )
         if shared_torso and (actor_hidden_sizes or critic_hidden_sizes):
             raise ValueError("separate actor/critic hidden sizes need shared_torso=false")
+        if value_encoder is not None and (shared_torso or critic != "per_step_key"):
+            raise ValueError(
+                "a value_encoder needs shared_torso=false and critic=per_step_key (a value "
+                "torso per step key)"
+            )
         critic_sizes = critic_hidden_sizes or hidden_sizes
         hidden_sizes = actor_hidden_sizes or hidden_sizes
         if shared_torso and critic != "per_step_key":
@@ -213,6 +225,7 @@ class StructuredActorCritic(KeyedActorCritic):
                 precision,
                 head_in,
                 extra_in,
+                encoder_kwargs,
             )
             self.policies = nn.ModuleDict({"0": net})
         else:
@@ -227,6 +240,7 @@ class StructuredActorCritic(KeyedActorCritic):
                         precision,
                         head_in,
                         extra_in,
+                        encoder_kwargs,
                     )
                     for k in self.step_keys
                 }
@@ -239,7 +253,13 @@ class StructuredActorCritic(KeyedActorCritic):
                         self._policy_net(k).torso
                         if shared_torso
                         else make_encoder(
-                            encoder, tuple(observation_spaces[k].shape), critic_sizes, activation
+                            value_encoder or encoder,
+                            tuple(observation_spaces[k].shape),
+                            critic_sizes,
+                            activation,
+                            observation_spaces[k],
+                            value_encoder_kwargs if value_encoder else encoder_kwargs,
+                            "model.value_encoder" if value_encoder else "model.encoder",
                         ),
                         precision,
                         head_in,
