@@ -70,12 +70,14 @@ class StallOnDemand(gym.Wrapper):
 
 
 def make_env_stalling_in_further_learners(stall_file: str, stalled_file: str) -> gym.Env:
-    """CartPole in the process the user started; in any other (with sequential actors: in
-    learners 1..N-1 only) CartPole that stalls on demand: learner 0 then waits for it inside
-    a collective."""
+    """CartPole; in learners 1..N-1 and their actor processes CartPole that stalls on demand:
+    learner 0 then waits for the others inside a collective."""
     import multiprocessing
 
     env = gym.make("CartPole-v1")
-    if multiprocessing.parent_process() is not None:
+    names = [multiprocessing.current_process().name]
+    if (parent := multiprocessing.parent_process()) is not None:
+        names.append(parent.name)
+    if any(name.startswith("impala-learner-") for name in names):
         return StallOnDemand(env, stall_file, stalled_file)
     return env

@@ -212,10 +212,12 @@ def _signal_pending(pid: int, signum: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
-def test_a_second_signal_ends_a_run_whose_main_thread_waits_in_a_collective(tmp_path):
+@pytest.mark.parametrize("backend", ["sequential", "subprocess"])
+def test_a_second_signal_ends_a_run_whose_main_thread_waits_in_a_collective(tmp_path, backend):
     """Learner 1 stalls (its env blocks), so learner 0 waits inside a gloo all-reduce, where
     no Python signal handler runs. Two SIGINTs must still end the run within seconds, exit
-    130, the last checkpoint intact, nothing it started left running."""
+    130, the last checkpoint intact, nothing it started left running (actor processes that
+    die meanwhile are not restarted)."""
     run_dir, stall, stalled = tmp_path / "run", tmp_path / "stall", tmp_path / "stalled"
     last = run_dir / "checkpoints" / "last.pt"
     proc = subprocess.Popen(
@@ -231,6 +233,7 @@ def test_a_second_signal_ends_a_run_whose_main_thread_waits_in_a_collective(tmp_
             "max_env_steps=1000000000",
             "algorithm.epoch_length=2",
             "algorithm.num_learners=2",
+            f"runner.backend={backend}",
             *QUIET,
         ),
         cwd=tmp_path,

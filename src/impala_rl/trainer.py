@@ -242,35 +242,49 @@ class _SignalWatch:
                     self._end()
 
 
-def _end_process(code: int, saving: threading.Lock | None = None) -> NoReturn:
+def _live_children() -> list[Any]:
+    for _ in range(3):  # another thread may start a process meanwhile
+        with suppress(RuntimeError):
+            return mp.active_children()
+    return []
+
+
+def _stop_helper_processes() -> None:
+    with suppress(Exception):  # a further learner shares the leader's tracker: not its to stop
+        stop_helper_processes()
+
+
+def _end_process(
+    code: int, actors: DistributedActors, saving: threading.Lock | None = None
+) -> NoReturn:
     """End this process from any thread, as cleanly as a main thread that does not return
-    allows: a checkpoint being written is finished first (``saving``), every process this
-    one started (other learners, actors, inference servers) gets SIGTERM and is joined
-    (killed after :data:`CHILDREN_GRACE_S`), then ``os._exit(code)``, which waits for no
-    thread. Written checkpoints stay as they are: each was renamed into place whole."""
+    allows: a checkpoint being written is finished first (``saving``), ``actors`` restart no
+    actor, every process this one started (other learners, actors, inference servers) gets
+    SIGTERM and is joined (killed after :data:`CHILDREN_GRACE_S`), then ``os._exit(code)``,
+    which waits for no thread. Written checkpoints stay as they are: each was renamed into
+    place whole."""
     if saving is not None:
         saving.acquire(timeout=60.0)  # held to the end: nothing starts another write
-    children: list[Any] = []
-    for _ in range(3):  # the main thread may start a process meanwhile
-        try:
-            children = mp.active_children()
-            break
-        except RuntimeError:
-            continue
-    for child in children:
-        with suppress(Exception):
-            child.terminate()
+    actors.abandon()
     deadline = time.monotonic() + CHILDREN_GRACE_S
-    for child in children:
-        with suppress(Exception):
-            child.join(max(0.0, deadline - time.monotonic()))
-    for child in children:
-        with suppress(Exception):
-            if child.is_alive():
-                child.kill()
-                child.join(CHILDREN_GRACE_S)
-    with suppress(Exception):
-        stop_helper_processes()
+    while children := _live_children():
+        if time.monotonic() >= deadline:
+            for child in children:
+                with suppress(Exception):
+                    child.kill()
+                    child.join(CHILDREN_GRACE_S)
+            break
+        for child in children:
+            with suppress(Exception):
+                child.terminate()
+        for child in children:
+            with suppress(Exception):
+                child.join(max(0.0, deadline - time.monotonic()))
+    # The resource tracker exits once every holder of its pipe has: a process killed above
+    # may have left one behind, so its stop is not waited for long.
+    helpers = threading.Thread(target=_stop_helper_processes, daemon=True)
+    helpers.start()
+    helpers.join(CHILDREN_GRACE_S)
     for stream in (sys.stdout, sys.stderr):
         with suppress(Exception):
             stream.flush()
@@ -315,6 +329,7 @@ class Trainer:
         self.device = learner_device(resolve_device(cfg.algorithm.device), rank)
         self.group: LearnerGroup | None = None
         self.peers: PeerLearners | None = None
+        self._gpu_hold: LeaderGpuHold | None = None  # Ray: the leader's GPU, held
         self._wall_over = False  # several learners: the leader's max_wall_time_s verdict
         self._group_stop = False  # several learners: the stop flag the group agreed on
         self._unsent_returns: list[float] = []  # a further learner's, until the epoch's end
@@ -329,7 +344,6 @@ class Trainer:
             start_forkserver()  # its imports overlap the learner's build below
         seed_everything(cfg.seed)
         torch.set_num_threads(learner_threads(cfg))
-        self._gpu_hold: LeaderGpuHold | None = None  # Ray: the leader's GPU, held
         if cfg.runner.keep_freed_memory:
             keep_freed_memory()
         self.env_factory: EnvFactory = make_env_factory(cfg.env)
@@ -484,6 +498,8 @@ class Trainer:
             store = make_store(host, n)
             rendezvous = Rendezvous(host, store.port, n)
             run_dir, resume = str(self.run_dir), self.resume
+            if on_ray and cfg.runner.ray_num_gpus_per_learner > 0 and self.device.type == "cuda":
+                self._gpu_hold = LeaderGpuHold(self.device, cfg.runner.ray_num_gpus_per_learner)
             self.peers = start_peer_learners(
                 run_peer_learner,
                 lambda rank: (cfg, run_dir, resume, rank, rendezvous),
@@ -498,8 +514,6 @@ class Trainer:
             )
         else:
             assert self._rendezvous is not None
-            if on_ray and cfg.runner.ray_num_gpus_per_learner > 0 and self.device.type == "cuda":
-                self._gpu_hold = LeaderGpuHold(self.device, cfg.runner.ray_num_gpus_per_learner)
             self.group = LearnerGroup(self.rank, self._rendezvous, self.device)
         self.learner.group = self.group
         self.group.broadcast_module(self.learner.model)
@@ -585,7 +599,7 @@ class Trainer:
         self._eval_time_s = self._last_eval_s = 0.0
         if cfg.algorithm.rollout_evaluator.background and self.is_leader:
             self.evaluator = BackgroundEvaluator(self._timed_evaluate)
-        watch = self._signal_watch()
+        watch = self._signal_watch(actors)
         with watch:  # until every process this learner started is stopped
             try:
                 stopped_because = self._run(actors, watch)
@@ -640,7 +654,7 @@ class Trainer:
         finally:  # shutting down must not be cut short: a signal no longer raises
             self._stop_flag["closing"] = True
 
-    def _signal_watch(self) -> _SignalWatch:
+    def _signal_watch(self, actors: DistributedActors) -> _SignalWatch:
         """The leader's: Ctrl-C or SIGTERM stops after the update, a second aborts (see
         :meth:`_on_signal`) and ends the process if the run has not ended
         :data:`SECOND_SIGNAL_GRACE_S` later, a third at once. A further learner's: Ctrl-C is
@@ -652,7 +666,7 @@ class Trainer:
                 (signal.SIGINT, signal.SIGTERM),
                 end_after=2,
                 grace_s=SECOND_SIGNAL_GRACE_S,
-                end=self._abort,
+                end=lambda: self._abort(actors),
                 notice=_notice_stop,
             )
         return _SignalWatch(
@@ -660,16 +674,16 @@ class Trainer:
             (signal.SIGTERM,),
             end_after=1,
             grace_s=0.0,
-            end=lambda: _end_process(128 + signal.SIGTERM),
+            end=lambda: _end_process(128 + signal.SIGTERM, actors),
         )
 
-    def _abort(self) -> NoReturn:
+    def _abort(self, actors: DistributedActors) -> NoReturn:
         log.warning(
             "ending the process now: the run has not ended (its main thread may wait for a "
             "learner that stalled); its processes are stopped, the checkpoints keep their "
             "last state"
         )
-        _end_process(128 + signal.SIGINT, self._saving)
+        _end_process(128 + signal.SIGINT, actors, self._saving)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         """A first signal asks every learner to stop after the update the group agrees on; a
