@@ -131,7 +131,7 @@ def test_a_device_this_machine_lacks_is_a_config_error_naming_the_field(
 ):
     """Issue 41.3: refused with what this machine has, before anything starts."""
     from impala_rl.config import ConfigError
-    from impala_rl.trainer import resolve_device
+    from impala_rl.startup import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import impala_rl
-from impala_rl import trainer as trainer_module
+from impala_rl import startup
 from impala_rl.config import ConfigError, load_config
 from impala_rl.envs import EnvError, EnvFactory, make_env_factory, make_vector_env
 from impala_rl.envs import factory as env_factory_module
@@ -129,7 +129,7 @@ def test_the_trainer_settles_auto_by_timing_an_actors_loop_before_actors_start(
         timed.append((factory.vector, num_envs, unroll_length))
         return 2.0 if factory.vector == faster else 1.0
 
-    monkeypatch.setattr(trainer_module, "actor_loop_rate", rate)
+    monkeypatch.setattr(startup, "actor_loop_rate", rate)
     caplog.set_level(logging.INFO, logger="impala_rl.envs.factory")
     overrides = ["env.vector=auto", "algorithm.envs_per_actor=6", "algorithm.n_rollout_steps=7"]
     impala_rl.train(

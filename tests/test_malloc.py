@@ -51,10 +51,10 @@ def test_keep_freed_memory_keeps_freed_blocks_in_the_process():
 
 def test_the_trainer_applies_it_unless_switched_off(monkeypatch, tmp_path):
     import impala_rl
-    import impala_rl.trainer as trainer_module
+    import impala_rl.startup as startup
 
     calls = []
-    monkeypatch.setattr(trainer_module, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(startup, "keep_freed_memory", lambda: calls.append(1) or True)
     common = ["max_env_steps=640", "runner.backend=sequential", "log.console=false"]
     impala_rl.train("cartpole", common, run_dir=tmp_path / "a")
     assert calls == [1]

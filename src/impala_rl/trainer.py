@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing as mp
-import os
-import random
-import select
 import signal
-import socket
-import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -30,7 +24,6 @@ import torch
 
 from impala_rl import checkpoint
 from impala_rl.actors import ActorError, CollectedOutputs, DistributedActors, make_actors
-from impala_rl.actors.subprocess import stop_helper_processes
 from impala_rl.checkpoint import CheckpointError
 from impala_rl.config import ConfigError, RunConfig, check_num_minibatches, to_dict, to_yaml
 from impala_rl.distributed import (
@@ -44,7 +37,7 @@ from impala_rl.distributed import (
     report_error,
     start_peer_learners,
 )
-from impala_rl.envs import EnvError, EnvFactory, make_env_factory
+from impala_rl.envs import EnvError
 from impala_rl.evaluation import (
     BackgroundEvaluator,
     EvaluationResult,
@@ -59,12 +52,11 @@ from impala_rl.learner import (
     scheduled_entropy_coef,
     scheduled_lr,
 )
-from impala_rl.malloc import keep_freed_memory
-from impala_rl.nn.factory import build_model_for_env
-from impala_rl.rollout import actor_loop_rate
-from impala_rl.rundir import RunDirError
+from impala_rl.rundir import RunDirError, lock_run_dir
+from impala_rl.startup import prepare_process, probe_env, resolve_device, seed_everything
 from impala_rl.stats import EpochStatsAggregator, EventRecorder
-from impala_rl.writers import ConsoleWriter, JsonlWriter, TensorBoardWriter, WandbWriter
+from impala_rl.stopping import SECOND_SIGNAL_GRACE_S, SignalWatch, end_process, notice_stop
+from impala_rl.writers import make_writers
 
 log = logging.getLogger(__name__)
 
@@ -94,41 +86,6 @@ class Counters:
     last_eval_return: float | None = None
 
 
-def resolve_device(name: str) -> torch.device:
-    """``algorithm.device`` on this machine. The config checks the name; whether the machine
-    has that device is checked here, when a run starts (before it builds or starts anything),
-    and refused as a :class:`ConfigError` that says what this machine has."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device.type == "cuda" and (gpus == 0 or (device.index or 0) >= gpus):
-        have = "no CUDA device" if gpus == 0 else f"{gpus} CUDA device(s)"
-        valid = "cpu | auto" if gpus == 0 else f"cpu | cuda | cuda:N with N < {gpus} | auto"
-        raise ConfigError(
-            f"invalid value for 'algorithm.device': {name!r}; valid: {valid} (this machine "
-            f"has {have})"
-        )
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(
-            f"invalid value for 'algorithm.device': {name!r}; valid: cpu | auto (MPS is not "
-            "available on this machine)"
-        )
-    return device
-
-
-def learner_threads(cfg: RunConfig) -> int:
-    """Intra-op threads for the learner: as configured, else the cores actors leave free."""
-    if cfg.runner.learner_threads is not None:
-        return cfg.runner.learner_threads
-    cores = os.cpu_count() or 1
-    local_ray = cfg.runner.backend == "ray" and cfg.runner.ray_address is None
-    learners = cfg.algorithm.num_learners  # several learners on one machine share the cores
-    if cfg.runner.backend == "subprocess" or local_ray:  # actor processes share these cores
-        return max(1, (cores - cfg.algorithm.num_actors) // learners)
-    return max(1, cores // learners) if cfg.runner.ray_address is None else cores
-
-
 def evaluation_due(share: float | None, spent_s: float, last_s: float, elapsed_s: float) -> bool:
     """Whether an epoch's end evaluates under ``rollout_evaluator.max_time_share``: the time
     spent evaluating so far plus one more evaluation as long as the last stays within ``share``
@@ -136,170 +93,9 @@ def evaluation_due(share: float | None, spent_s: float, last_s: float, elapsed_s
     return share is None or spent_s + last_s <= share * elapsed_s
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def default_run_dir(cfg: RunConfig) -> Path:
     env = cfg.env.id.replace(":", "_").replace("/", "_")
     return Path("runs") / f"{env}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-# After a second Ctrl-C the run has this long to end by itself (its step finished, the final
-# checkpoint written, every process it started stopped); then the process ends itself.
-SECOND_SIGNAL_GRACE_S = 5.0
-# How long the processes it started get to exit after SIGTERM when a process ends itself.
-CHILDREN_GRACE_S = 5.0
-
-
-class _SignalWatch:
-    """``signums`` handled by ``handler`` in the main thread, and seen by a thread of their own.
-
-    Python runs a signal handler in the main thread between bytecodes only: while that thread
-    waits in native code (a collective for a learner that stalled, an env step in C) no
-    handler runs, and no handler alone can promise that a second Ctrl-C ends the run. The
-    C-level handler still writes each signal's number to the wakeup fd
-    (:func:`signal.set_wakeup_fd`), which the watch's thread reads: ``grace_s`` after the
-    ``end_after``-th signal, or at one more, it calls ``end`` unless the main thread has left
-    the watch by then. Outside the main thread (a Ray actor) the watch does nothing.
-    """
-
-    def __init__(
-        self,
-        handler: Callable[[int, Any], None],
-        signums: tuple[int, ...],
-        end_after: int,
-        grace_s: float,
-        end: Callable[[], NoReturn],
-        notice: Callable[[int], None] | None = None,
-    ):
-        self._handler, self._signums = handler, frozenset(int(s) for s in signums)
-        self._end_after, self._grace_s, self._end, self._notice = end_after, grace_s, end, notice
-        self._previous: dict[int, Any] = {}
-        self._previous_fd = -1
-        self._sockets: tuple[socket.socket, socket.socket] | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._done = False
-
-    def __enter__(self) -> _SignalWatch:
-        try:
-            for signum in self._signums:
-                self._previous[signum] = signal.signal(signum, self._handler)
-        except ValueError:  # not the main thread
-            return self
-        self._sockets = socket.socketpair()
-        self._sockets[1].setblocking(False)
-        self._previous_fd = signal.set_wakeup_fd(
-            self._sockets[1].fileno(), warn_on_full_buffer=False
-        )
-        return self
-
-    def arm(self) -> None:
-        """Start the thread, once this process has forked what it forks (a thread makes
-        forking unsafe); signals that came before count."""
-        if self._sockets is not None and self._thread is None:
-            self._thread = threading.Thread(target=self._watch, name="impala-signals", daemon=True)
-            self._thread.start()
-
-    def __exit__(self, *exc: object) -> None:
-        if self._sockets is None:
-            return
-        with self._lock:  # waits while the thread ends the process
-            self._done = True
-        signal.set_wakeup_fd(self._previous_fd)
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        reader, writer = self._sockets
-        writer.close()  # the thread reads the end of the stream and returns
-        if self._thread is not None:
-            self._thread.join()
-        reader.close()
-
-    def _watch(self) -> None:
-        reader = self._sockets[0]  # type: ignore[index]
-        count, deadline = 0, None
-        while True:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if select.select([reader], [], [], timeout)[0]:
-                data = reader.recv(256)
-                if not data:
-                    return
-                for _ in range(sum(b in self._signums for b in data)):
-                    count += 1
-                    if self._notice is not None:
-                        self._notice(count)
-                if count > self._end_after:
-                    deadline = time.monotonic()
-                elif count == self._end_after and deadline is None:
-                    deadline = time.monotonic() + self._grace_s
-            if deadline is not None and time.monotonic() >= deadline:
-                with self._lock:  # held to the end: the main thread cannot leave meanwhile
-                    if self._done:
-                        return
-                    self._end()
-
-
-def _live_children() -> list[Any]:
-    for _ in range(3):  # another thread may start a process meanwhile
-        with suppress(RuntimeError):
-            return mp.active_children()
-    return []
-
-
-def _stop_helper_processes() -> None:
-    with suppress(Exception):  # a further learner shares the leader's tracker: not its to stop
-        stop_helper_processes()
-
-
-def _end_process(
-    code: int, actors: DistributedActors, saving: threading.Lock | None = None
-) -> NoReturn:
-    """End this process from any thread, as cleanly as a main thread that does not return
-    allows: a checkpoint being written is finished first (``saving``), ``actors`` restart no
-    actor, every process this one started (other learners, actors, inference servers) gets
-    SIGTERM and is joined (killed after :data:`CHILDREN_GRACE_S`), then ``os._exit(code)``,
-    which waits for no thread. Written checkpoints stay as they are: each was renamed into
-    place whole."""
-    if saving is not None:
-        saving.acquire(timeout=60.0)  # held to the end: nothing starts another write
-    actors.abandon()
-    deadline = time.monotonic() + CHILDREN_GRACE_S
-    while children := _live_children():
-        if time.monotonic() >= deadline:
-            for child in children:
-                with suppress(Exception):
-                    child.kill()
-                    child.join(CHILDREN_GRACE_S)
-            break
-        for child in children:
-            with suppress(Exception):
-                child.terminate()
-        for child in children:
-            with suppress(Exception):
-                child.join(max(0.0, deadline - time.monotonic()))
-    # The resource tracker exits once every holder of its pipe has: a process killed above
-    # may have left one behind, so its stop is not waited for long.
-    helpers = threading.Thread(target=_stop_helper_processes, daemon=True)
-    helpers.start()
-    helpers.join(CHILDREN_GRACE_S)
-    for stream in (sys.stdout, sys.stderr):
-        with suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
-
-def _notice_stop(count: int) -> None:
-    if count == 1:
-        log.warning("stopping after this update (press Ctrl-C again to abort)")
-    elif count == 2:
-        log.warning(
-            "aborting: the run ends within %g s, with a checkpoint of its last update if it "
-            "can write one (press Ctrl-C again to end it now)",
-            SECOND_SIGNAL_GRACE_S,
-        )
 
 
 class Trainer:
@@ -338,33 +134,11 @@ class Trainer:
     # -- set-up --------------------------------------------------------------------------------
     def _build(self) -> None:
         cfg = self.cfg
-        if cfg.runner.backend == "subprocess" and cfg.runner.start_method == "forkserver":
-            from impala_rl.actors.subprocess import start_forkserver
-
-            start_forkserver()  # its imports overlap the learner's build below
-        seed_everything(cfg.seed)
-        torch.set_num_threads(learner_threads(cfg))
-        if cfg.runner.keep_freed_memory:
-            keep_freed_memory()
-        self.env_factory: EnvFactory = make_env_factory(cfg.env)
-        probe = self.env_factory()
+        prepare_process(cfg)
+        probe = probe_env(cfg)
+        self.env_factory, self.eval_env_factory = probe.env_factory, probe.eval_env_factory
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
-        try:
-            model = build_model_for_env(cfg.model, probe)
-        finally:
-            probe.close()
-        n_envs, unroll = cfg.algorithm.envs_per_actor, cfg.algorithm.n_rollout_steps
-        self.env_factory.resolve_vector(  # env.vector=auto, settled before actors get it
-            n_envs, lambda f, seconds: actor_loop_rate(f, n_envs, model, unroll, seconds)
-        )
-        self.eval_env_factory = self.env_factory
-        if cfg.env.eval_kwargs:
-            self.eval_env_factory = EnvFactory(
-                cfg.env.id,
-                {**cfg.env.kwargs, **cfg.env.eval_kwargs},
-                cfg.env.max_episode_steps,
-                self.env_factory.vector,
-            )
+        model = probe.model
         alg = cfg.algorithm
         check_num_minibatches(alg, alg.actors_batch_size * alg.envs_per_actor * model.n_agents)
         self.learner = Learner(model, alg, self.device)
@@ -382,43 +156,13 @@ class Trainer:
             return
         if not self.resume:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_run_dir()
+        self._lock = lock_run_dir(self.run_dir)
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.recorder = EventRecorder()
         self.impala_events = self.recorder.interface(ImpalaEvents)
         self.run_events = self.recorder.interface(RunEvents)
         self.aggregator = EpochStatsAggregator(self.recorder)
-        self.writers: list[ConsoleWriter | JsonlWriter | TensorBoardWriter | WandbWriter] = []
-        if cfg.log.wandb:  # first: a missing wandb fails before any file is opened
-            self.writers.append(WandbWriter(cfg.log.wandb_project, self.run_dir, to_dict(cfg)))
-        if cfg.log.jsonl:
-            path = self.run_dir / "metrics.jsonl"
-            self.writers.append(JsonlWriter(path, append=self.resume))
-        if cfg.log.tensorboard:
-            self.writers.append(TensorBoardWriter(self.run_dir / "tb"))
-        self.console = (
-            ConsoleWriter(cfg.max_env_steps, stats=list(cfg.log.console_stats))
-            if cfg.log.console
-            else None
-        )
-        if self.console is not None:
-            self.writers.append(self.console)
-
-    def _lock_run_dir(self) -> None:
-        """Hold ``run_dir/.lock`` for the run: a second process training into the same
-        directory (a resume started while the run still goes) would interleave its metrics
-        and overwrite the checkpoints; it is refused instead. The lock goes with the process."""
-        import fcntl
-
-        self._lock = open(self.run_dir / ".lock", "w")  # noqa: SIM115 (held for the run)
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock.close()
-            raise RunDirError(
-                f"{str(self.run_dir)!r} is in use by another training process; wait for it to "
-                "end or train into another directory"
-            ) from None
+        self.writers, self.console = make_writers(cfg, self.run_dir, append=self.resume)
 
     def _release_run_dir(self) -> None:
         lock = getattr(self, "_lock", None)
@@ -632,7 +376,7 @@ class Trainer:
             raise error
         return summary
 
-    def _run(self, actors: DistributedActors, watch: _SignalWatch) -> str:
+    def _run(self, actors: DistributedActors, watch: SignalWatch) -> str:
         """Start the actors (and the group), then epochs until a stop reason."""
         cfg, c = self.cfg, self.counters
         try:
@@ -654,27 +398,27 @@ class Trainer:
         finally:  # shutting down must not be cut short: a signal no longer raises
             self._stop_flag["closing"] = True
 
-    def _signal_watch(self, actors: DistributedActors) -> _SignalWatch:
+    def _signal_watch(self, actors: DistributedActors) -> SignalWatch:
         """The leader's: Ctrl-C or SIGTERM stops after the update, a second aborts (see
         :meth:`_on_signal`) and ends the process if the run has not ended
         :data:`SECOND_SIGNAL_GRACE_S` later, a third at once. A further learner's: Ctrl-C is
         the leader's (ignored); SIGTERM (the leader stopping it) ends it at once, with the
         actors it started: it writes nothing that could be cut short."""
         if self.is_leader:
-            return _SignalWatch(
+            return SignalWatch(
                 self._on_signal,
                 (signal.SIGINT, signal.SIGTERM),
                 end_after=2,
                 grace_s=SECOND_SIGNAL_GRACE_S,
                 end=lambda: self._abort(actors),
-                notice=_notice_stop,
+                notice=notice_stop,
             )
-        return _SignalWatch(
+        return SignalWatch(
             lambda signum, frame: None,
             (signal.SIGTERM,),
             end_after=1,
             grace_s=0.0,
-            end=lambda: _end_process(128 + signal.SIGTERM, actors),
+            end=lambda: end_process(128 + signal.SIGTERM, actors),
         )
 
     def _abort(self, actors: DistributedActors) -> NoReturn:
@@ -683,7 +427,7 @@ class Trainer:
             "learner that stalled); its processes are stopped, the checkpoints keep their "
             "last state"
         )
-        _end_process(128 + signal.SIGINT, actors, self._saving)
+        end_process(128 + signal.SIGINT, actors, self._saving)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         """A first signal asks every learner to stop after the update the group agrees on; a

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from impala_rl.config import RunConfig, to_dict
+
 EVAL_PREFIX = "eval_"
 
 # Statistics shown in the console's epoch table, in order, with their labels.
@@ -241,3 +243,27 @@ class WandbWriter:
 
     def close(self) -> None:
         self.run.finish()
+
+
+Writer = ConsoleWriter | JsonlWriter | TensorBoardWriter | WandbWriter
+
+
+def make_writers(
+    cfg: RunConfig, run_dir: Path, append: bool = False
+) -> tuple[list[Writer], ConsoleWriter | None]:
+    """The outputs ``cfg.log`` asks for, in ``run_dir`` (``append``: a resumed run's
+    ``metrics.jsonl`` goes on); the console writer also on its own, for live progress."""
+    log = cfg.log
+    writers: list[Writer] = []
+    if log.wandb:  # first: a missing wandb fails before any file is opened
+        writers.append(WandbWriter(log.wandb_project, run_dir, to_dict(cfg)))
+    if log.jsonl:
+        writers.append(JsonlWriter(run_dir / "metrics.jsonl", append=append))
+    if log.tensorboard:
+        writers.append(TensorBoardWriter(run_dir / "tb"))
+    console = (
+        ConsoleWriter(cfg.max_env_steps, stats=list(log.console_stats)) if log.console else None
+    )
+    if console is not None:
+        writers.append(console)
+    return writers, console
