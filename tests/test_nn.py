@@ -402,8 +402,8 @@ def test_a_state_dict_with_the_old_action_head_names_loads_with_identical_output
 
 
 @pytest.mark.parametrize(
-    "obs_space", [spaces.Discrete(3), spaces.Dict({"x": OBS}), spaces.Tuple((OBS,))]
-)
+    "obs_space", [spaces.Discrete(3), spaces.Tuple((OBS,))]
+)  # a Dict keeps its structure: tests/test_dict_obs.py
 def test_non_box_observation_space_raises(obs_space: gymnasium.Space) -> None:
     with pytest.raises(ValueError, match="Box"):
         ActorCritic(obs_space, spaces.Discrete(2))

@@ -139,6 +139,14 @@ def test_observation_spaces(name):
     space = OBS_SPACES[name]
     model, all_stats, batches = run(space, spaces.Discrete(2))
     check_stats(all_stats)
+    if name == "dict":  # keeps its structure: an entry each, in its own dtype
+        dtypes = {"pos": torch.float32, "mode": torch.int64, "flags": torch.float32}
+        for entry, dtype in dtypes.items():
+            assert batches[0][f"obs.{entry}"].dtype == dtype
+            assert batches[0][f"obs.{entry}"].shape[:2] == (T + 1, 2 * N)
+        assert not torch.equal(batches[0]["obs.pos"][0], batches[0]["obs.pos"][1])
+        assert len(env_actions()) == 2 * 2 * T * N
+        return
     if name == "image_uint8":
         assert model.obs_shape == (4, 4, 3)
         assert batches[0]["obs"].dtype == torch.uint8

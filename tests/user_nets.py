@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
+import torch
 from torch import Tensor, nn
 
 NOT_A_CLASS = 3
@@ -74,3 +75,19 @@ class Raising(nn.Module):
 
     def __init__(self, observation_space: gym.spaces.Box):
         raise ValueError("only images, please")
+
+
+class DictTorso(nn.Module):
+    """Reads a Dict observation ``{image, direction, pos}`` (one batch dimension)."""
+
+    def __init__(self, observation_space: gym.spaces.Dict, width: int = 8):
+        super().__init__()
+        image = int(np.prod(observation_space["image"].shape))
+        self.n = int(observation_space["direction"].n)
+        self.net = nn.Linear(image + self.n + 2, width)
+        self.out_features = width
+
+    def forward(self, obs: dict[str, Tensor]) -> Tensor:
+        image = obs["image"].float().flatten(1) / 255.0
+        direction = nn.functional.one_hot(obs["direction"].long(), self.n).float()
+        return torch.tanh(self.net(torch.cat([image, direction, obs["pos"]], dim=-1)))

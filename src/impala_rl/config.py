@@ -230,7 +230,11 @@ class ModelConfig:
     ``package.module:Class``: built as ``Class(observation_space, **encoder_kwargs)``, an
     ``nn.Module`` with an int ``out_features`` that maps observations ``[N, *obs_shape]`` (in
     the space's dtype: images stay uint8) to features ``[N, out_features]``. The heads, core,
-    last inputs, PopArt, bf16 and central inference work on top of it as on a built-in one."""
+    last inputs, PopArt, bf16 and central inference work on top of it as on a built-in one.
+    A Dict observation gets an encoder per entry, features concatenated: the CNN that fits an
+    image (the one named here, if any), a one-hot for a Discrete entry, an MLP
+    (``hidden_sizes``) for a vector; an encoder by import path gets the whole Dict
+    (``{entry: [N, *o_entry]}``)."""
     encoder_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of an encoder given by import path (recorded with the run, so resume,
     ``impala eval`` and ``load_policy`` rebuild it); empty for a built-in encoder."""

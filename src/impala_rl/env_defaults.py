@@ -84,6 +84,8 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
     else:
         actions = f"{type(action).__name__} actions"
     obs = env.observation_space
+    if isinstance(obs, gym.spaces.Dict):
+        return f"{actions}, Dict observations (an encoder per entry)", {}
     image = isinstance(obs, gym.spaces.Box) and obs.dtype == np.uint8 and len(obs.shape) == 3
     if not image:
         return f"{actions}, vector observations", {}

@@ -14,6 +14,7 @@ import torch
 
 from impala_rl.envs import make_keyed_vector_env
 from impala_rl.nn import Model, act
+from impala_rl.nn.observations import as_obs
 
 
 @dataclass
@@ -77,7 +78,7 @@ def evaluate(
                 if idx.size == 0:
                     continue
                 every = idx.size == n_episodes  # one key deciding everywhere: no gather
-                obs = torch.as_tensor(envs.obs[k] if every else envs.obs[k][idx], device=device)
+                obs = as_obs(envs.obs[k], device, None if every else idx)
                 mask = envs.masks.get(k)
                 mask_t = None if mask is None else torch.as_tensor(mask[idx], device=device)
                 agents = idx * n_agents + envs.agent_id[idx]

@@ -24,6 +24,7 @@ from impala_rl import losses, vtrace
 from impala_rl.config import ImpalaAlgorithmConfig, check_num_minibatches, steps_per_batch
 from impala_rl.distributed import LearnerGroup
 from impala_rl.nn import Model
+from impala_rl.nn.observations import Obs, map_obs, read_obs
 from impala_rl.rollout import columns
 
 
@@ -182,7 +183,7 @@ def forward_batch(model: Model, batch: dict[str, torch.Tensor]) -> TargetOutputs
     if model.core is not None:  # each key's features in place, the core along every column
         features = None
         for k, rows in rows_of.items():
-            encoded = model.encode(k, batch[fields[k][0]][rows], extra(rows))
+            encoded = model.encode(k, _obs_rows(batch, fields[k][0], rows), extra(rows))
             if features is None:
                 features = encoded.new_zeros((*shape, encoded.shape[-1]))
             features = put(features, rows, encoded)
@@ -194,13 +195,19 @@ def forward_batch(model: Model, batch: dict[str, torch.Tensor]) -> TargetOutputs
         obs_field, action_field, mask_field = fields[k]
         mask = batch[mask_field][rows] if mask_field in batch else None
         if core_out is None:
-            dist, key_value = model.policy_value(k, batch[obs_field][rows], mask, extra(rows))
+            obs = _obs_rows(batch, obs_field, rows)
+            dist, key_value = model.policy_value(k, obs, mask, extra(rows))
         else:
             dist, key_value = model.heads(k, core_out[rows], mask)
         log_prob = put(log_prob, rows, dist.log_prob(batch[action_field][rows]))
         entropy = put(entropy, rows, dist.entropy())
         value = put(value, rows, key_value)
     return TargetOutputs(log_prob, entropy, value)
+
+
+def _obs_rows(batch: dict[str, torch.Tensor], field: str, rows: tuple[Any, ...]) -> Obs:
+    """Rows ``rows`` of observation ``field`` (a tensor, or a Dict observation's entries)."""
+    return map_obs(read_obs(batch, field), lambda x: x[rows])
 
 
 def update_observation_statistics(

@@ -19,6 +19,7 @@ from impala_rl.envs import EnvFactory
 from impala_rl.envs.structured import is_structured
 from impala_rl.nn import Model, act
 from impala_rl.nn.factory import build_model_for_env
+from impala_rl.nn.observations import any_tensor, as_obs, map_obs
 from impala_rl.rundir import RunDirError
 
 
@@ -90,9 +91,16 @@ class Policy:
             batched = False
         else:
             step_key, mask = 0, None
+            entries = getattr(model, "entry_shapes", None)
             if self._raw_space.contains(obs) if not isinstance(obs, torch.Tensor) else False:
-                x = torch.as_tensor(np.asarray(self._to_model(obs))).unsqueeze(0)
+                x = map_obs(as_obs(_arrays(self._to_model(obs))), lambda t: t.unsqueeze(0))
                 batched = False
+            elif entries:  # model-form Dict observations: {entry: [N, *o]} or one of them
+                x = as_obs(_arrays(obs))
+                name, shape = next(iter(entries.items()))
+                batched = x[name].ndim > len(shape)
+                if not batched:
+                    x = map_obs(x, lambda t: t.unsqueeze(0))
             else:
                 x = torch.as_tensor(np.asarray(obs))
                 batched = x.ndim > len(model.obs_shape)
@@ -100,11 +108,11 @@ class Policy:
                     x = x.unsqueeze(0)
         first = state = extra = None
         if model.needs_inputs:
-            first, state, extra = self._inputs(step_key, x.shape[0], last_reward)
+            first, state, extra = self._inputs(step_key, any_tensor(x).shape[0], last_reward)
         acted = act(model, step_key, x, mask, first, state, extra, deterministic)
         if model.needs_inputs:
             self._state, self._last_action = acted.core_state, acted.action
-            self._first = torch.zeros(x.shape[0], dtype=torch.bool)
+            self._first = torch.zeros(any_tensor(x).shape[0], dtype=torch.bool)
         return acted.env_action if batched else acted.env_action[0]
 
     def _step_key(self, step_key: int | None) -> int:
@@ -150,6 +158,13 @@ class Policy:
             extra = self.model.last_inputs(step_key, self._last_action, reward)
             extra = extra.masked_fill(self._first.unsqueeze(-1), 0.0)
         return self._first, self._state, extra
+
+
+def _arrays(obs: Any) -> Any:
+    """A numpy array of ``obs``, or a dict of them (a Dict observation)."""
+    if isinstance(obs, dict):
+        return {k: np.asarray(v) for k, v in obs.items()}
+    return np.asarray(obs)
 
 
 def load_policy(run_dir: str | Path, which: str = "best") -> Policy:

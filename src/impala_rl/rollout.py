@@ -8,6 +8,8 @@ plain env has one agent deciding at every step, so a column is one env's steps).
 field                        shape              meaning
 ===========================  =================  ============================================
 ``obs`` (``obs_{k}``)        ``[T+1, N, *o]``   observation at decision t; row T bootstraps
+                                                (a Dict observation: ``obs.<entry>``, each
+                                                entry in its own dtype)
 ``action`` (``action_{k}``)  ``[T+1, N, *a]``   action taken (unclipped sample); row T unused
 ``action_mask`` (``_{k}``)   ``[T+1, N, n]``    legal actions (keys with an action mask)
 ``step_key``                 ``[T+1, N]``       which key decides at row t (several keys)
@@ -62,6 +64,7 @@ import torch
 from impala_rl.envs import make_keyed_vector_env
 from impala_rl.envs.structured import SingleKeyVectorEnv
 from impala_rl.nn import Acted, Model, act
+from impala_rl.nn.observations import as_obs, entry_field, stack_obs, write_obs
 
 
 def allocate_fields(
@@ -83,13 +86,22 @@ def allocate_fields(
 
 @dataclass(frozen=True)
 class KeyLayout:
-    """What one step key's rows hold: its observation, its action, its action mask if any."""
+    """What one step key's rows hold: its observation, its action, its action mask if any.
+    A Dict observation has ``obs_entries``, ``(name, shape, dtype)`` per entry (its
+    ``obs_shape`` and ``obs_dtype`` are then unused)."""
 
     obs_shape: tuple[int, ...]
     obs_dtype: torch.dtype
     action_shape: tuple[int, ...]
     action_dtype: torch.dtype
     mask_size: int | None = None
+    obs_entries: tuple[tuple[str, tuple[int, ...], torch.dtype], ...] = ()
+
+    def obs_fields(self, field: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """``{field name: (shape of one row, dtype)}`` of the observation called ``field``."""
+        if not self.obs_entries:
+            return {field: (self.obs_shape, self.obs_dtype)}
+        return {entry_field(field, n): (shape, dtype) for n, shape, dtype in self.obs_entries}
 
 
 @dataclass(frozen=True)
@@ -121,7 +133,8 @@ class RolloutSpec:
         T, N = self.T, self.N
         fields: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
         for k, key in enumerate(self.keys):
-            fields[self.key_field("obs", k)] = ((T + 1, N, *key.obs_shape), key.obs_dtype)
+            for name, (shape, dtype) in key.obs_fields(self.key_field("obs", k)).items():
+                fields[name] = ((T + 1, N, *shape), dtype)
             fields[self.key_field("action", k)] = ((T + 1, N, *key.action_shape), key.action_dtype)
             if key.mask_size is not None:
                 fields[self.key_field("action_mask", k)] = ((T + 1, N, key.mask_size), torch.bool)
@@ -184,13 +197,20 @@ def rollout_spec_for(
         if observation_space is not None and len(model.step_keys) == 1:
             space = observation_space
         head = model.action_head(k)
+        entries: tuple[tuple[str, tuple[int, ...], torch.dtype], ...] = ()
+        if isinstance(space, gym.spaces.Dict):  # an entry each, in its own dtype
+            entries = tuple(
+                (name, tuple(sub.shape), torch_dtype(sub.dtype))
+                for name, sub in space.spaces.items()
+            )
         keys.append(
             KeyLayout(
-                tuple(space.shape),
-                torch_dtype(space.dtype),
+                tuple(space.shape or ()),
+                torch_dtype(space.dtype or np.float32),
                 tuple(head.action_shape),
                 head.action_dtype,
                 model.mask_sizes.get(k),
+                entries,
             )
         )
     return RolloutSpec(
@@ -347,7 +367,7 @@ class ActorLoop:
         else:  # the fast path steps the plain vector env itself
             self.envs = keyed.envs
             obs, _ = self.envs.reset(seed=seed)
-            self.obs = torch.as_tensor(obs)
+            self.obs = as_obs(obs)
             self.n_agents = 1
         streams = num_envs * self.n_agents
         self.first = np.ones(streams, dtype=bool)  # a stream's next decision starts an episode
@@ -391,7 +411,7 @@ class ActorLoop:
         first = np.zeros((T + 1, N), dtype=bool)
         returns: list[float] = []
         lengths: list[int] = []
-        obs_slot, action_slot, logp_slot = slot["obs"], slot["action"], slot["behaviour_log_prob"]
+        action_slot, logp_slot = slot["action"], slot["behaviour_log_prob"]
         model = self.model
         with_last = model.use_last_action_reward
         if model.core is not None:
@@ -400,7 +420,7 @@ class ActorLoop:
         extra = self.last_inputs if with_last else None
         state = self.core_state
         for t in range(T):
-            obs_slot[t] = self.obs
+            write_obs(slot, "obs", t, self.obs)
             first[t] = self.first
             if with_last:
                 slot["last_inputs"][t] = extra
@@ -420,7 +440,7 @@ class ActorLoop:
             if trunc.any():  # the final obs continues the episode: no reset, this step's inputs
                 idx = np.flatnonzero(trunc)
                 cols = torch.from_numpy(idx)
-                final = torch.as_tensor(np.stack([info["final_obs"][i] for i in idx]))
+                final = stack_obs([info["final_obs"][i] for i in idx])
                 value = self.acting.value(
                     0,
                     final,
@@ -432,8 +452,8 @@ class ActorLoop:
                 extra = extra.masked_fill(torch.from_numpy(done).unsqueeze(-1), 0.0)
             self.episodes.step(reward, done, returns, lengths)
             self.first = done
-            self.obs = torch.as_tensor(obs)
-        obs_slot[T] = self.obs
+            self.obs = as_obs(obs)
+        write_obs(slot, "obs", T, self.obs)
         action_slot[T] = 0  # row T is the bootstrap: its action is taken in the next unroll
         first[T] = self.first
         self.core_state = state

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from impala_rl.nn import Acted, Model
+from impala_rl.nn.observations import any_tensor, read_obs, write_obs
 from impala_rl.rollout import RolloutSpec, rollout_spec_for
 
 POLL_S = 0.05
@@ -64,7 +65,8 @@ def allocate_requests(spec: RolloutSpec, num_actors: int, rows: int) -> dict[str
     of file descriptors)."""
     fields: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
     for k, key in enumerate(spec.keys):
-        fields[spec.key_field("obs", k)] = ((rows, *key.obs_shape), key.obs_dtype)
+        for name, (shape, dtype) in key.obs_fields(spec.key_field("obs", k)).items():
+            fields[name] = ((rows, *shape), dtype)
         fields[spec.key_field("action", k)] = ((rows, *key.action_shape), key.action_dtype)
         if key.mask_size is not None:
             fields[spec.key_field("action_mask", k)] = ((rows, key.mask_size), torch.bool)
@@ -109,8 +111,8 @@ class CentralActing:
         core_state: Any,
         extra: torch.Tensor | None,
     ) -> int:
-        b, n = self.buffers, obs.shape[0]
-        b[self.key_field("obs", step_key)][:n].copy_(obs)
+        b, n = self.buffers, any_tensor(obs).shape[0]
+        write_obs(b, self.key_field("obs", step_key), slice(0, n), obs)
         if action_mask is not None:
             b[self.key_field("action_mask", step_key)][:n].copy_(action_mask)
         if first is not None:
@@ -275,7 +277,7 @@ class InferenceServer:
 
     def _serve_group(self, kind: str, step_key: int, members: list[tuple[int, Any, int]]) -> None:
         model, b = self.model, self.buffers
-        obs = self._gather(self.key_field("obs", step_key), members)
+        obs = read_obs(b, self.key_field("obs", step_key), lambda n: self._gather(n, members))
         mask_field = self.key_field("action_mask", step_key)
         mask = self._gather(mask_field, members) if mask_field in b else None
         extra = self._gather("last_inputs", members) if model.use_last_action_reward else None

@@ -14,8 +14,10 @@
 
 Every env is
 wrapped so the model sees one ``Box`` observation: image-like ``uint8`` boxes pass through
-unchanged (they stay ``uint8`` up to the network), everything else (Dict, Tuple, Discrete,
-MultiDiscrete, MultiBinary, multi-dimensional Box) is flattened to a float32 vector.
+unchanged (they stay ``uint8`` up to the network), everything else (Tuple, Discrete,
+MultiDiscrete, MultiBinary, multi-dimensional Box) is flattened to a float32 vector. A Dict
+observation keeps its structure, an entry each (:func:`~impala_rl.envs.spaces.dict_model_space`;
+``Text`` entries are left out, with one line that says so).
 """
 
 from __future__ import annotations
@@ -29,7 +31,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from impala_rl.envs.spaces import EnvError, ModelObservation, model_observation_space
+from impala_rl.envs.spaces import (
+    EnvError,
+    ModelObservation,
+    keeps_structure,
+    log_dropped_entries,
+    model_observation_space,
+)
 from impala_rl.envs.structured import SingleKeyVectorEnv, StructuredVectorEnv, is_structured
 from impala_rl.envs.vector import SameStepVectorEnv
 
@@ -176,7 +184,8 @@ class EnvFactory:
             return env
         if self.max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env, self.max_episode_steps)
-        if model_observation_space(env.observation_space) is env.observation_space:
+        space = env.observation_space
+        if not keeps_structure(space) and model_observation_space(space) is space:
             return env
         return ModelObservation(env)
 
@@ -292,6 +301,7 @@ def make_env_factory(env_cfg: Any) -> EnvFactory:
     factory.check_env = True
     try:
         probe = factory()
+        log_dropped_entries(probe, env_cfg.id)
         probe.close()
     finally:
         factory.check_env = False

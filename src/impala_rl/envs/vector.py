@@ -36,7 +36,14 @@ class SameStepVectorEnv:
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
         space = first.observation_space
-        self._obs = np.zeros((self.num_envs, *space.shape), dtype=space.dtype)
+        self._obs: Any
+        if isinstance(space, gym.spaces.Dict):  # an array per entry (ModelObservation's Dict)
+            self._obs = {
+                k: np.zeros((self.num_envs, *sub.shape), dtype=sub.dtype)
+                for k, sub in space.spaces.items()
+            }
+        else:
+            self._obs = np.zeros((self.num_envs, *space.shape), dtype=space.dtype)
         self._rewards = np.zeros(self.num_envs, dtype=np.float64)
         self._terminated = np.zeros(self.num_envs, dtype=bool)
         self._truncated = np.zeros(self.num_envs, dtype=bool)
@@ -47,8 +54,15 @@ class SameStepVectorEnv:
                 obs, _ = env.reset(seed=None if seed is None else seed + i)
             except Exception as exc:
                 raise EnvError(f"env {i} raised {type(exc).__name__} in reset: {exc}") from exc
-            self._obs[i] = obs
+            self._write(i, obs)
         return self._obs, {}
+
+    def _write(self, i: int, obs: Any) -> None:
+        if isinstance(self._obs, dict):
+            for k, array in self._obs.items():
+                array[i] = obs[k]
+        else:
+            self._obs[i] = obs
 
     def step(
         self, actions: Any
@@ -65,7 +79,7 @@ class SameStepVectorEnv:
                     obs, _ = env.reset()
             except Exception as exc:
                 raise EnvError(f"env {i} raised {type(exc).__name__} in step: {exc}") from exc
-            self._obs[i] = obs
+            self._write(i, obs)
             rewards[i] = reward
             terminated[i] = term
             truncated[i] = trunc

@@ -106,11 +106,20 @@ class ActorCritic(KeyedActorCritic):
         value_encoder_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(observation_space, gymnasium.spaces.Box):
+        if not isinstance(observation_space, (gymnasium.spaces.Box, gymnasium.spaces.Dict)):
             raise ValueError(
-                f"ActorCritic needs a Box observation space, got {observation_space!r}; "
-                "flatten Dict/Tuple/Discrete observations on the env side first"
+                f"ActorCritic needs a Box or Dict observation space, got {observation_space!r}; "
+                "flatten Tuple/Discrete observations on the env side first"
             )
+        # a Dict observation: an encoder per entry (DictEncoder), each entry's shape checked
+        self.entry_shapes: dict[str, tuple[int, ...]] = {}
+        if isinstance(observation_space, gymnasium.spaces.Dict):
+            self.entry_shapes = {k: tuple(s.shape) for k, s in observation_space.spaces.items()}
+            if normalize_obs:
+                raise ValueError(
+                    "normalize_obs reads Box observations; this one is a Dict (normalize "
+                    "inside your encoder, or set model.normalize_obs=false)"
+                )
         if core not in CORES:
             raise ValueError(f"unknown core {core!r}; valid: {', '.join(CORES)}")
         if precision not in PRECISIONS:
@@ -122,7 +131,7 @@ class ActorCritic(KeyedActorCritic):
         self.observation_spaces = {0: observation_space}
         self.action_spaces = {0: action_space}
         self.mask_sizes: dict[int, int | None] = {}
-        self.obs_shape: tuple[int, ...] = tuple(observation_space.shape)
+        self.obs_shape: tuple[int, ...] = tuple(observation_space.shape or ())
         self.obs_dim = int(np.prod(self.obs_shape, dtype=np.int64))
         self.shared_torso = bool(shared_torso)
         self.precision = precision
@@ -201,6 +210,9 @@ class ActorCritic(KeyedActorCritic):
     # -- internals -------------------------------------------------------------------------------
     def _check(self, obs: Tensor) -> Tensor:
         """``obs`` must be ``[*batch, *obs_shape]``; returns it normalized (``normalize_obs``)."""
+        if self.entry_shapes:
+            _check_entries(obs, self.entry_shapes)
+            return obs
         n = len(self.obs_shape)
         batch_ndim = obs.ndim - n
         if batch_ndim < 0 or tuple(obs.shape[batch_ndim:]) != self.obs_shape:
@@ -317,6 +329,20 @@ class ActorCritic(KeyedActorCritic):
         torso = self.policy_torso if self.value_torso is None else self.value_torso
         core = [] if self.core is None else list(self.core.parameters())
         return [*torso.parameters(), *core, *self.value_head.parameters()]
+
+
+def _check_entries(obs: Any, shapes: dict[str, tuple[int, ...]]) -> None:
+    """``obs`` must be ``{entry: [*batch, *shape]}`` with every entry of ``shapes``."""
+    if not isinstance(obs, dict) or set(obs) != set(shapes):
+        got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
+        raise ValueError(f"Expected a dict of observations {sorted(shapes)}, got {got}")
+    for name, shape in shapes.items():
+        x = obs[name]
+        if x.ndim < len(shape) or tuple(x.shape[x.ndim - len(shape) :]) != shape:
+            raise ValueError(
+                f"Expected observations {name!r} of shape [*batch, "
+                f"{', '.join(map(str, shape))}], got {tuple(x.shape)}"
+            )
 
 
 def _no_mask(action_mask: Tensor | None) -> None:

@@ -205,6 +205,9 @@ class ImportedEncoder(nn.Module):
         self.module = module
         self.out_features = int(out)
         self.obs_shape = tuple(int(d) for d in (observation_space.shape or ()))
+        self.entry_shapes: dict[str, tuple[int, ...]] = {}  # a Dict observation's entries
+        if isinstance(observation_space, gymnasium.spaces.Dict):
+            self.entry_shapes = {k: tuple(s.shape) for k, s in observation_space.spaces.items()}
         self._check(observation_space)
 
     def _error(self, text: str) -> ConfigError:
@@ -230,20 +233,25 @@ class ImportedEncoder(nn.Module):
 
     def _check(self, space: gymnasium.Space) -> None:
         """One forward on two sampled observations must give ``[2, out_features]`` floats."""
-        obs = torch.as_tensor(np.stack([space.sample() for _ in range(2)]))
+        samples = [space.sample() for _ in range(2)]
+        if isinstance(space, gymnasium.spaces.Dict):
+            obs: Any = {k: torch.as_tensor(np.stack([x[k] for x in samples])) for k in samples[0]}
+            shown = {k: list(v.shape) for k, v in obs.items()}
+        else:
+            obs = torch.as_tensor(np.stack(samples))
+            shown = list(obs.shape)
         try:
             with torch.no_grad():
                 out = self.module(obs)
         except Exception as exc:
             raise self._error(
-                f"forward on observations {tuple(obs.shape)} {obs.dtype} raised "
-                f"{type(exc).__name__}: {exc}"
+                f"forward on observations {shown} raised {type(exc).__name__}: {exc}"
             ) from exc
         shape = tuple(out.shape) if isinstance(out, Tensor) else None
         if shape != (2, self.out_features) or not out.is_floating_point():
             got = f"{list(shape)} {out.dtype}" if shape is not None else f"a {type(out).__name__}"
             raise self._error(
-                f"returned {got} for observations {list(obs.shape)}; valid: a float tensor "
+                f"returned {got} for observations {shown}; valid: a float tensor "
                 f"[N, out_features] = [2, {self.out_features}]"
             )
 
@@ -253,10 +261,70 @@ class ImportedEncoder(nn.Module):
         if callable(own):
             own()
 
-    def forward(self, obs: Tensor) -> Tensor:
+    def forward(self, obs: Any) -> Tensor:
+        if self.entry_shapes:  # a Dict observation: every entry's batch dims folded alike
+            name, shape = next(iter(self.entry_shapes.items()))
+            batch = obs[name].shape[: obs[name].ndim - len(shape)]
+            folded = {k: obs[k].reshape(-1, *s) for k, s in self.entry_shapes.items()}
+            return self.module(folded).reshape(*batch, self.out_features)
         batch = obs.shape[: obs.ndim - len(self.obs_shape)]
         features = self.module(obs.reshape(-1, *self.obs_shape))
         return features.reshape(*batch, self.out_features)
+
+
+class OneHotEncoder(nn.Module):
+    """A ``Discrete(n)`` entry's index ``[*batch]`` as a one-hot ``[*batch, n]``."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = self.out_features = int(n)
+
+    def forward(self, index: Tensor) -> Tensor:
+        return torch.nn.functional.one_hot(index.long(), self.n).float()
+
+
+IMAGE_ENCODERS = ("nature_cnn", "impala_resnet", "minatar_cnn")
+NATURE_CNN_MIN_SIDE = 36  # 8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave >= 1 pixel
+
+
+class DictEncoder(nn.Module):
+    """An encoder per entry of a Dict observation, their features concatenated: the CNN that
+    fits an image entry (``kind`` when it names one, else the Nature CNN from 36 pixels a
+    side, the MinAtar CNN below), a one-hot for a ``Discrete`` entry, an MLP for a vector.
+
+    Takes ``{entry: [*batch, *o_entry]}`` and returns ``[*batch, out_features]``."""
+
+    def __init__(
+        self,
+        space: gymnasium.spaces.Dict,
+        kind: str,
+        hidden_sizes: Sequence[int],
+        activation: str,
+    ):
+        super().__init__()
+        encoders: dict[str, nn.Module] = {}
+        for name, sub in space.spaces.items():
+            shape = tuple(sub.shape)
+            if isinstance(sub, gymnasium.spaces.Discrete):
+                encoders[name] = OneHotEncoder(int(sub.n))
+            elif sub.dtype == np.uint8 and len(shape) == 3:
+                image = kind if kind in IMAGE_ENCODERS else None
+                if image is None:
+                    image = "nature_cnn" if min(shape[1:]) >= NATURE_CNN_MIN_SIDE else "minatar_cnn"
+                encoders[name] = make_encoder(image, shape)
+            else:
+                encoders[name] = MLPEncoder(shape, hidden_sizes, activation)
+        self.entries = nn.ModuleDict(encoders)
+        self.out_features = sum(int(e.out_features) for e in encoders.values())
+
+    def use_channels_last(self) -> None:
+        for encoder in self.entries.values():
+            if hasattr(encoder, "use_channels_last"):
+                encoder.use_channels_last()
+
+    def forward(self, obs: Mapping[str, Tensor]) -> Tensor:
+        parts = [encoder(obs[name]) for name, encoder in self.entries.items()]
+        return torch.cat([p.to(parts[0].dtype) for p in parts], dim=-1)
 
 
 def make_encoder(
@@ -276,6 +344,8 @@ def make_encoder(
         if observation_space is None:
             raise ValueError(f"encoder {kind!r} is built from an observation space; none given")
         return ImportedEncoder(kind, observation_space, kwargs, field)
+    if isinstance(observation_space, gymnasium.spaces.Dict):
+        return DictEncoder(observation_space, kind, hidden_sizes, activation)
     if kind == "mlp":
         return MLPEncoder(obs_shape, hidden_sizes, activation)
     if kind == "nature_cnn":

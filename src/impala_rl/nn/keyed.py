@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from impala_rl.nn.core import CoreState, LSTMCore
 from impala_rl.nn.distributions import ActionDistribution
+from impala_rl.nn.observations import any_tensor
 
 
 class KeyedActorCritic(nn.Module):
@@ -44,7 +45,7 @@ class KeyedActorCritic(nn.Module):
             return None
         if extra is None:
             raise ValueError("use_last_action_reward needs the last inputs (extra=last_inputs)")
-        extra = extra.to(obs.device, torch.float32)
+        extra = extra.to(any_tensor(obs).device, torch.float32)
         return torch.cat([extra[..., :-1], extra[..., -1:].clamp(-1.0, 1.0)], dim=-1)
 
     def _no_core(self, method: str) -> None:

@@ -1,0 +1,178 @@
+"""Dict observations keep their structure: an encoder per entry (a CNN for an image, a one-hot
+for a Discrete entry, an MLP for a vector), ``Text`` left out with one line that says so, and
+the slot storing each entry in its own dtype, on every backend and in ``load_policy``.
+
+The env is ``tests/dict_envs.py`` (MiniGrid's observation in small).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+import dict_envs
+import impala_rl
+from impala_rl.actors import SequentialDistributedActors
+from impala_rl.config import ImpalaAlgorithmConfig
+from impala_rl.envs import EnvFactory, make_env_factory
+from impala_rl.envs.spaces import ModelObservation, dict_model_space
+from impala_rl.learner import Learner
+from impala_rl.nn import ActorCritic
+from impala_rl.nn.encoders import DictEncoder, MinAtarCNN, MLPEncoder, OneHotEncoder
+
+T, N = 4, 2
+FAST = ["log.console=false", "log.tensorboard=false", "target_return=null"]
+ENV = ["env.id=dict_envs:make_env", "algorithm.rollout_evaluator.n_episodes=2"]
+
+
+def test_the_model_space_keeps_each_entry_and_leaves_out_text():
+    space, dropped = dict_model_space(dict_envs.SPACE)
+    assert list(space.spaces) == ["direction", "image", "pos"]
+    assert space["image"] == spaces.Box(0, 255, (3, 5, 5), np.uint8)  # channels first
+    assert space["direction"] == spaces.Discrete(4)  # an index from 0
+    assert space["pos"].shape == (2,) and space["pos"].dtype == np.float32
+    assert dropped == ["'mission' (Text)"]
+
+    env = ModelObservation(dict_envs.make_env())
+    obs, _ = env.reset(seed=0)
+    assert set(obs) == {"direction", "image", "pos"}
+    assert obs["image"].shape == (3, 5, 5) and obs["image"].dtype == np.uint8
+    assert obs["direction"].dtype == np.int64 and 0 <= int(obs["direction"]) < 4
+    assert obs["image"][0, 0, 0] == (int(obs["direction"]) + 1) * 60
+
+
+def test_building_the_env_says_in_one_line_which_entries_are_left_out(caplog):
+    cfg = impala_rl.config.load_config("cartpole", ["env.id=dict_envs:make_env"])
+    with caplog.at_level(logging.WARNING):
+        factory = make_env_factory(cfg.env)
+    lines = [r.getMessage() for r in caplog.records if "mission" in r.getMessage()]
+    assert len(lines) == 1 and "not numbers" in lines[0]
+    assert isinstance(factory().observation_space, spaces.Dict)
+
+
+def test_an_encoder_per_entry_features_concatenated():
+    env = EnvFactory("dict_envs:make_env")()
+    model = ActorCritic(env.observation_space, env.action_space, hidden_sizes=(8,))
+    torso = model.policy_torso
+    assert isinstance(torso, DictEncoder)
+    assert isinstance(torso.entries["image"], MinAtarCNN)  # 5x5: the small-image CNN
+    assert isinstance(torso.entries["direction"], OneHotEncoder)
+    assert isinstance(torso.entries["pos"], MLPEncoder)
+    assert torso.out_features == 128 + 4 + 8
+    obs = {
+        "image": torch.zeros(3, 5, 3, 5, 5, dtype=torch.uint8),
+        "direction": torch.zeros(3, 5, dtype=torch.int64),
+        "pos": torch.zeros(3, 5, 2),
+    }
+    dist, values = model.policy_value(0, obs)
+    assert values.shape == (3, 5) and dist.sample().shape == (3, 5)
+    with pytest.raises(ValueError, match="'pos'"):
+        model.policy_value(0, {**obs, "pos": torch.zeros(3, 5, 3)})
+
+
+def test_the_slot_stores_each_entry_in_its_own_dtype_and_the_learner_trains_on_it():
+    factory = EnvFactory("dict_envs:make_env", {"length": 3})
+    probe = factory()
+    torch.manual_seed(0)
+    model = ActorCritic(probe.observation_space, probe.action_space, hidden_sizes=(8,))
+    probe.close()
+    cfg = ImpalaAlgorithmConfig(
+        n_rollout_steps=T, envs_per_actor=N, num_actors=2, actors_batch_size=2
+    )
+    learner = Learner(model, cfg)
+    with SequentialDistributedActors(factory, model, cfg, seed=0) as actors:
+        batch = actors.collect_outputs("cpu").batch
+        assert "obs" not in batch
+        assert batch["obs.image"].dtype == torch.uint8
+        assert batch["obs.image"].shape == (T + 1, 2 * N, 3, 5, 5)
+        assert batch["obs.direction"].dtype == torch.int64
+        assert batch["obs.direction"].shape == (T + 1, 2 * N)
+        assert batch["obs.pos"].dtype == torch.float32
+        # the image's pixel and the Discrete entry come from the same observation
+        pixel = batch["obs.image"][:, :, 0, 0, 0].long()
+        assert torch.equal(pixel, (batch["obs.direction"] + 1) * 60)
+        stats = learner.update(batch)
+    assert np.isfinite(stats.total_loss)
+
+
+def test_a_dict_env_trains_with_a_core_evaluates_and_its_policy_acts_on_raw_observations(
+    tmp_path,
+):
+    """Sequential actors, an LSTM core with last inputs, truncation (the final observation's
+    value from each entry), evaluation, ``load_policy`` on the env's own observation."""
+    run_dir = tmp_path / "run"
+    overrides = [
+        *FAST,
+        *ENV,
+        "runner.backend=sequential",
+        "env.max_episode_steps=5",
+        "model.core=lstm",
+        "model.shared_torso=true",
+        "model.lstm_hidden_size=8",
+        "model.use_last_action_reward=true",
+        "algorithm.n_epochs=1",
+        "algorithm.epoch_length=2",
+    ]
+    summary = impala_rl.train("cartpole", overrides, run_dir=run_dir)
+    assert summary["updates"] == 2
+    policy = impala_rl.load_policy(run_dir, which="last")
+    raw, _ = dict_envs.make_env().reset(seed=1)
+    assert 0 <= int(policy.act(raw)) < 4
+
+
+def test_a_dict_env_acts_under_central_inference(tmp_path):
+    summary = impala_rl.train(
+        "cartpole",
+        [
+            *FAST,
+            *ENV,
+            "runner.backend=subprocess",
+            "runner.inference=central",
+            "max_env_steps=1500",
+        ],
+        run_dir=tmp_path / "run",
+    )
+    assert summary["env_steps"] >= 1500
+
+
+def test_a_user_encoder_reads_the_dict():
+    env = EnvFactory("dict_envs:make_env")()
+    model = ActorCritic(
+        env.observation_space,
+        env.action_space,
+        encoder="user_nets:DictTorso",
+        encoder_kwargs={"width": 6},
+    )
+    assert model.policy_torso.out_features == 6
+    obs = {
+        "image": torch.zeros(2, 3, 3, 5, 5, dtype=torch.uint8),
+        "direction": torch.zeros(2, 3, dtype=torch.int64),
+        "pos": torch.zeros(2, 3, 2),
+    }
+    assert model.policy_value(0, obs)[1].shape == (2, 3)
+
+
+def test_minigrid_builds_and_trains_as_typed(tmp_path):
+    pytest.importorskip("minigrid")
+    summary = impala_rl.train(
+        "cartpole",
+        [
+            *FAST,
+            "env.id=MiniGrid-DoorKey-5x5-v0",
+            "runner.backend=sequential",
+            "algorithm.n_epochs=1",
+            "algorithm.epoch_length=1",
+            "algorithm.rollout_evaluator.n_episodes=1",
+            "algorithm.rollout_evaluator.max_episode_steps=20",
+        ],
+        run_dir=tmp_path / "run",
+    )
+    assert summary["updates"] == 1
+    env = EnvFactory("MiniGrid-DoorKey-5x5-v0")()
+    assert isinstance(env.observation_space, gym.spaces.Dict)
+    assert env.observation_space["image"].shape == (3, 7, 7)
