@@ -176,3 +176,59 @@ def test_minigrid_builds_and_trains_as_typed(tmp_path):
     env = EnvFactory("MiniGrid-DoorKey-5x5-v0")()
     assert isinstance(env.observation_space, gym.spaces.Dict)
     assert env.observation_space["image"].shape == (3, 7, 7)
+
+
+def _dict_batch(image: int = 0) -> dict[str, torch.Tensor]:
+    return {
+        "image": torch.full((3, 3, 5, 5), image, dtype=torch.uint8),
+        "direction": torch.tensor([0, 1, 2]),
+        "pos": torch.zeros(3, 2),
+    }
+
+
+def test_the_policy_and_the_critic_read_the_entries_chosen_for_them():
+    """An asymmetric actor-critic (EvoRL's policy_obs_key / value_obs_key): the policy reads
+    ``direction`` alone, the critic every entry."""
+    env = EnvFactory("dict_envs:make_env")()
+    cfg = impala_rl.config.ModelConfig(
+        policy_obs_keys=["direction"], value_obs_keys=["direction", "image", "pos"]
+    )
+    from impala_rl.nn.factory import build_model
+
+    model = build_model(cfg, env.observation_space, env.action_space)
+    assert list(model.policy_torso.entries) == ["direction"]
+    assert list(model.value_torso.entries) == ["direction", "image", "pos"]
+    dark, bright = _dict_batch(0), _dict_batch(255)
+    dist_dark, value_dark = model.policy_value(0, dark)
+    dist_bright, value_bright = model.policy_value(0, bright)
+    assert torch.equal(dist_dark.logits, dist_bright.logits)  # the image is not the policy's
+    assert not torch.equal(value_dark, value_bright)  # but the critic's
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.policy_obs_keys=[colour]"], r"model\.policy_obs_keys.*'colour'.*direction"),
+        (["model.value_obs_keys=[]"], r"model\.value_obs_keys.*non-empty"),
+    ],
+)
+def test_unknown_or_empty_entries_are_refused(overrides, message):
+    from impala_rl.config import ConfigError, load_config
+    from impala_rl.nn.factory import build_model
+
+    env = EnvFactory("dict_envs:make_env")()
+    with pytest.raises(ConfigError, match=message):
+        cfg = load_config("cartpole", [*ENV, *overrides])
+        build_model(cfg.model, env.observation_space, env.action_space)
+
+
+def test_entry_selection_needs_a_dict_observation_and_its_own_value_torso():
+    from impala_rl.config import ConfigError, load_config
+    from impala_rl.nn.factory import build_model
+
+    with pytest.raises(ConfigError, match=r"model\.value_obs_keys.*shared_torso"):
+        load_config("cartpole", ["model.shared_torso=true", "model.value_obs_keys=[pos]"])
+    env = gym.make("CartPole-v1")
+    cfg = load_config("cartpole", ["model.policy_obs_keys=[pos]"])
+    with pytest.raises(ConfigError, match=r"model\.policy_obs_keys.*Dict observation"):
+        build_model(cfg.model, env.observation_space, env.action_space)

@@ -244,6 +244,12 @@ class ModelConfig:
     ``encoder_kwargs``)."""
     value_encoder_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of a ``value_encoder`` given by import path."""
+    policy_obs_keys: list[str] | None = None
+    """Dict observations: the entries the policy's torso reads (a shared torso's, too);
+    ``null``: every entry. EvoRL's ``policy_obs_key``."""
+    value_obs_keys: list[str] | None = None
+    """Dict observations: the entries the value torso reads (``shared_torso: false``);
+    ``null``: every entry. A privileged critic reads entries the policy does not."""
     core: str = "none"
     """``none`` or ``lstm``: an LSTM between torso and heads (needs ``shared_torso=true``);
     each rollout stores its initial state and the state resets at episode starts."""
@@ -657,6 +663,16 @@ RULES: dict[str, Rule] = {
         " | ".join(ENCODERS) + " | package.module:Class (your own encoder) | null",
         nullable=True,
     ),
+    "model.policy_obs_keys": Rule(
+        lambda v: len(v) >= 1 and all(isinstance(k, str) and k for k in v),
+        "a non-empty list of a Dict observation's entries",
+        nullable=True,
+    ),
+    "model.value_obs_keys": Rule(
+        lambda v: len(v) >= 1 and all(isinstance(k, str) and k for k in v),
+        "a non-empty list of a Dict observation's entries",
+        nullable=True,
+    ),
     "model.core": one_of(CORES),
     "model.lstm_hidden_size": at_least(1, integer=True),
     "model.precision": one_of(PRECISIONS),
@@ -762,12 +778,13 @@ def check_encoders(m: ModelConfig) -> None:
                 "model.activation",
                 dict(kwargs),
             )
-    if m.value_encoder is not None and m.shared_torso:
-        _refuse(
-            "model.value_encoder",
-            "null when model.shared_torso is true (one torso feeds both heads)",
-            m.value_encoder,
-        )
+    for key in ("value_encoder", "value_obs_keys"):
+        if getattr(m, key) is not None and m.shared_torso:
+            _refuse(
+                f"model.{key}",
+                "null when model.shared_torso is true (one torso feeds both heads)",
+                getattr(m, key),
+            )
 
 
 def check_rules(cfg: RunConfig, section: str = "") -> None:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from impala_rl.config import CORES, PRECISIONS
+from impala_rl.config import CORES, PRECISIONS, ConfigError
 from impala_rl.nn.core import CoreState, LSTMCore
 from impala_rl.nn.distributions import (
     ActionDistribution,
@@ -104,6 +104,8 @@ class ActorCritic(KeyedActorCritic):
         encoder_kwargs: Mapping[str, Any] | None = None,
         value_encoder: str | None = None,
         value_encoder_kwargs: Mapping[str, Any] | None = None,
+        policy_obs_keys: Sequence[str] | None = None,
+        value_obs_keys: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(observation_space, (gymnasium.spaces.Box, gymnasium.spaces.Dict)):
@@ -145,21 +147,37 @@ class ActorCritic(KeyedActorCritic):
         if self.shared_torso and value_encoder is not None:
             raise ValueError("a value_encoder needs shared_torso=false (a value torso of its own)")
 
+        if self.shared_torso and value_obs_keys is not None:
+            raise ValueError("value_obs_keys need shared_torso=false (a value torso of its own)")
+        policy_space = _entries(observation_space, policy_obs_keys, "model.policy_obs_keys")
+        value_space = _entries(observation_space, value_obs_keys, "model.value_obs_keys")
+
         def torso(
-            kind: str, kwargs: Mapping[str, Any] | None, sizes: Sequence[int] | None, field: str
+            kind: str,
+            kwargs: Mapping[str, Any] | None,
+            sizes: Sequence[int] | None,
+            field: str,
+            space: gymnasium.Space,
         ) -> nn.Module:
             sizes = sizes or hidden_sizes
-            space = observation_space
             return make_encoder(kind, self.obs_shape, sizes, activation, space, kwargs, field)
 
         self.obs_norm = RunningObsNorm(self.obs_shape) if normalize_obs else None
-        self.policy_torso = torso(encoder, encoder_kwargs, actor_hidden_sizes, "model.encoder")
+        self.policy_torso = torso(
+            encoder, encoder_kwargs, actor_hidden_sizes, "model.encoder", policy_space
+        )
         self.value_torso: nn.Module | None = None
         if not self.shared_torso and value_encoder is None:
-            self.value_torso = torso(encoder, encoder_kwargs, critic_hidden_sizes, "model.encoder")
+            self.value_torso = torso(
+                encoder, encoder_kwargs, critic_hidden_sizes, "model.encoder", value_space
+            )
         elif not self.shared_torso:
             self.value_torso = torso(
-                value_encoder, value_encoder_kwargs, critic_hidden_sizes, "model.value_encoder"
+                value_encoder,
+                value_encoder_kwargs,
+                critic_hidden_sizes,
+                "model.value_encoder",
+                value_space,
             )
         features = self.policy_torso.out_features + self.extra_features
         self.core: LSTMCore | None = None
@@ -329,6 +347,23 @@ class ActorCritic(KeyedActorCritic):
         torso = self.policy_torso if self.value_torso is None else self.value_torso
         core = [] if self.core is None else list(self.core.parameters())
         return [*torso.parameters(), *core, *self.value_head.parameters()]
+
+
+def _entries(space: gymnasium.Space, keys: Sequence[str] | None, field: str) -> gymnasium.Space:
+    """The Dict observation's entries ``keys`` (in the space's order); ``space`` for None."""
+    if keys is None:
+        return space
+    if not isinstance(space, gymnasium.spaces.Dict):
+        raise ConfigError(
+            f"{field}={list(keys)}: selects entries of a Dict observation; this env observes "
+            f"{space}; valid: null"
+        )
+    unknown = [k for k in keys if k not in space.spaces]
+    if unknown:
+        raise ConfigError(
+            f"{field}: unknown entries {unknown}; valid: entries of {', '.join(space.spaces)}"
+        )
+    return gymnasium.spaces.Dict({k: s for k, s in space.spaces.items() if k in keys})
 
 
 def _check_entries(obs: Any, shapes: dict[str, tuple[int, ...]]) -> None:

@@ -22,6 +22,14 @@ def _encoders(model_cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
+def _obs_keys(model_cfg: ModelConfig) -> dict[str, Any]:
+    """The Dict observation entries the policy and value torsos read (``None``: all)."""
+    return {
+        "policy_obs_keys": model_cfg.policy_obs_keys,
+        "value_obs_keys": model_cfg.value_obs_keys,
+    }
+
+
 def build_model(
     model_cfg: ModelConfig, observation_space: gym.spaces.Box, action_space: gym.Space
 ) -> ActorCritic:
@@ -44,9 +52,10 @@ def build_model(
             normalize_obs=model_cfg.normalize_obs,
             popart_beta=model_cfg.popart_beta if model_cfg.popart else None,
             **_encoders(model_cfg),
+            **_obs_keys(model_cfg),
         )
     except ConfigError:
-        raise  # already names its field (a user's encoder)
+        raise  # already names its field (a user's encoder, Dict entries)
     except ValueError as exc:
         raise ConfigError(f"model (encoder={model_cfg.encoder!r}): {exc}") from None
     initialize(model, model_cfg.init)
@@ -60,6 +69,12 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
 
     if not is_structured(env):
         return build_model(model_cfg, env.observation_space, env.action_space)
+    for key in ("policy_obs_keys", "value_obs_keys"):
+        if getattr(model_cfg, key) is not None:
+            raise ConfigError(
+                f"model.{key}: a structured env's observations are flattened per step key; "
+                "valid: null"
+            )
     check_structured_env(env)
     converters = {k: KeyObservation(s, k) for k, s in env.observation_spaces.items()}
     try:
