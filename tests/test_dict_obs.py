@@ -18,7 +18,7 @@ from gymnasium import spaces
 import dict_envs
 import impala_rl
 from impala_rl.actors import SequentialDistributedActors
-from impala_rl.config import ImpalaAlgorithmConfig
+from impala_rl.config import ImpalaAlgorithmConfig, steps_per_batch
 from impala_rl.envs import EnvFactory, make_env_factory
 from impala_rl.envs.spaces import ModelObservation, dict_model_space
 from impala_rl.learner import Learner
@@ -232,3 +232,33 @@ def test_entry_selection_needs_a_dict_observation_and_its_own_value_torso():
     cfg = load_config("cartpole", ["model.policy_obs_keys=[pos]"])
     with pytest.raises(ConfigError, match=r"model\.policy_obs_keys.*Dict observation"):
         build_model(cfg.model, env.observation_space, env.action_space)
+
+
+def test_vector_entries_are_normalized_by_their_running_statistics(tmp_path):
+    """``normalize_obs`` keeps statistics per vector entry (images and indices pass through),
+    updated by the learner and kept with the weights."""
+    from impala_rl.nn.normalization import DictObsNorm
+
+    env = EnvFactory("dict_envs:make_env")()
+    model = ActorCritic(env.observation_space, env.action_space, normalize_obs=True)
+    norm = model.observation_normalizer(0)
+    assert isinstance(norm, DictObsNorm) and list(norm.norms) == ["pos"]
+    batch = _dict_batch(7)
+    batch["pos"] = torch.tensor([[1.0, 10.0], [3.0, 10.0], [5.0, 10.0]])
+    norm.update(batch)
+    out = norm(batch)
+    assert torch.allclose(out["pos"][:, 0], torch.tensor([-1.2247, 0.0, 1.2247]), atol=1e-3)
+    assert torch.equal(out["image"], batch["image"]) and torch.equal(
+        out["direction"], batch["direction"]
+    )
+
+    run_dir = tmp_path / "run"
+    overrides = [*FAST, *ENV, "runner.backend=sequential", "model.normalize_obs=true"]
+    budget = ["algorithm.n_epochs=1", "algorithm.epoch_length=2"]
+    summary = impala_rl.train("cartpole", [*overrides, *budget], run_dir=run_dir)
+    policy = impala_rl.load_policy(run_dir, which="last")
+    a = policy.config.algorithm
+    rows = a.n_rollout_steps * a.actors_batch_size * a.envs_per_actor  # rows 0..T-1 a batch
+    assert float(policy.model.observation_normalizer(0).norms["pos"].count) == (
+        summary["updates"] // steps_per_batch(a) * rows
+    )

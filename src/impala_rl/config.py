@@ -283,8 +283,8 @@ class ModelConfig:
     normalize_obs: bool = False
     """Normalize vector observations by their running mean and variance (clipped to +-10):
     updated by the learner from every training batch, kept in the model's state (actors,
-    checkpoints, evaluation and ``load_policy`` use it); per step key on structured envs.
-    ``mlp`` encoder."""
+    checkpoints, evaluation and ``load_policy`` use it); per step key on structured envs, per
+    vector entry of a Dict observation. ``mlp`` encoder."""
     popart: bool = False
     """PopArt value normalization: the value head learns normalized targets while its outputs
     stay on the reward's scale (statistics of the V-trace targets, outputs preserved at each

@@ -222,7 +222,7 @@ def update_observation_statistics(
         if norm is None:
             continue
         if "step_key" not in batch:
-            norm.update(batch["obs"][:-1], combine)
+            norm.update(_obs_rows(batch, "obs", (slice(0, -1),)), combine)
         else:
             norm.update(batch[f"obs_{k}"][:-1][batch["step_key"][:-1] == k], combine)
 

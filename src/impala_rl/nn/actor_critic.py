@@ -32,7 +32,7 @@ from impala_rl.nn.distributions import (
 from impala_rl.nn.encoders import make_encoder
 from impala_rl.nn.init import VALUE_HEAD
 from impala_rl.nn.keyed import KeyedActorCritic
-from impala_rl.nn.normalization import RunningObsNorm
+from impala_rl.nn.normalization import DictObsNorm, RunningObsNorm
 from impala_rl.nn.popart import PopArtValueHead
 
 __all__ = ["PRECISIONS", "ActorCritic"]
@@ -117,10 +117,15 @@ class ActorCritic(KeyedActorCritic):
         self.entry_shapes: dict[str, tuple[int, ...]] = {}
         if isinstance(observation_space, gymnasium.spaces.Dict):
             self.entry_shapes = {k: tuple(s.shape) for k, s in observation_space.spaces.items()}
-            if normalize_obs:
+            vectors = {
+                k: s.shape
+                for k, s in observation_space.spaces.items()
+                if isinstance(s, gymnasium.spaces.Box) and s.dtype == np.float32
+            }
+            if normalize_obs and not vectors:
                 raise ValueError(
-                    "normalize_obs reads Box observations; this one is a Dict (normalize "
-                    "inside your encoder, or set model.normalize_obs=false)"
+                    "normalize_obs normalizes vector entries; this Dict observation has none "
+                    f"({', '.join(self.entry_shapes)}); set model.normalize_obs=false"
                 )
         if core not in CORES:
             raise ValueError(f"unknown core {core!r}; valid: {', '.join(CORES)}")
@@ -162,7 +167,11 @@ class ActorCritic(KeyedActorCritic):
             sizes = sizes or hidden_sizes
             return make_encoder(kind, self.obs_shape, sizes, activation, space, kwargs, field)
 
-        self.obs_norm = RunningObsNorm(self.obs_shape) if normalize_obs else None
+        self.obs_norm: RunningObsNorm | DictObsNorm | None = None
+        if normalize_obs:
+            self.obs_norm = (
+                DictObsNorm(vectors) if self.entry_shapes else RunningObsNorm(self.obs_shape)
+            )
         self.policy_torso = torso(
             encoder, encoder_kwargs, actor_hidden_sizes, "model.encoder", policy_space
         )
@@ -207,7 +216,7 @@ class ActorCritic(KeyedActorCritic):
         """The action head of step key ``step_key`` (the only one)."""
         return self.policy_head
 
-    def observation_normalizer(self, step_key: int = 0) -> RunningObsNorm | None:
+    def observation_normalizer(self, step_key: int = 0) -> RunningObsNorm | DictObsNorm | None:
         """The running statistics ``normalize_obs`` keeps for the key's observations."""
         return self.obs_norm
 
@@ -230,7 +239,7 @@ class ActorCritic(KeyedActorCritic):
         """``obs`` must be ``[*batch, *obs_shape]``; returns it normalized (``normalize_obs``)."""
         if self.entry_shapes:
             _check_entries(obs, self.entry_shapes)
-            return obs
+            return obs if self.obs_norm is None else self.obs_norm(obs)
         n = len(self.obs_shape)
         batch_ndim = obs.ndim - n
         if batch_ndim < 0 or tuple(obs.shape[batch_ndim:]) != self.obs_shape:

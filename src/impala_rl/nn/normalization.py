@@ -7,7 +7,7 @@ statistics; only the learner updates them, from the observations of each trainin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -62,3 +62,22 @@ class RunningObsNorm(nn.Module):
         mean = self.mean.to(torch.float32)
         std = torch.sqrt(self.var.to(torch.float32) + self.eps)
         return ((x.float() - mean) / std).clamp(-self.clip, self.clip)
+
+
+class DictObsNorm(nn.Module):
+    """A :class:`RunningObsNorm` per vector entry of a Dict observation (``shapes``); the
+    other entries (images, Discrete indices) pass through unchanged."""
+
+    def __init__(self, shapes: Mapping[str, Sequence[int]], clip: float = 10.0, eps: float = 1e-8):
+        super().__init__()
+        self.norms = nn.ModuleDict({k: RunningObsNorm(s, clip, eps) for k, s in shapes.items()})
+
+    @torch.no_grad()
+    def update(self, x: Mapping[str, Tensor], combine: Combine | None = None) -> None:
+        """Merge each vector entry of ``x {entry: [*batch, *shape]}`` into its statistics (in
+        one order, so every learner of a group combines the same entry at once)."""
+        for name, norm in self.norms.items():
+            norm.update(x[name], combine)
+
+    def forward(self, x: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        return {k: self.norms[k](v) if k in self.norms else v for k, v in x.items()}
