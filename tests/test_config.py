@@ -199,6 +199,7 @@ def test_scalar_for_a_section_names_the_field(override, field):
         (["algorithm.reward_clipping=bad"], "algorithm.reward_clipping", "abs_one"),
         (["runner.backend=bad"], "runner.backend", "sequential"),
         (["algorithm.vtrace_lambda=2"], "algorithm.vtrace_lambda", "[0, 1]"),
+        (["algorithm.adv_mode=rllib"], "algorithm.adv_mode", "official | acme"),
         (["algorithm.num_actors=0"], "algorithm.num_actors", ">= 1"),
         (["algorithm.envs_per_actor=0"], "algorithm.envs_per_actor", ">= 1"),
         (["algorithm.n_rollout_steps=0"], "algorithm.n_rollout_steps", ">= 1"),

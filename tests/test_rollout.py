@@ -377,6 +377,20 @@ def test_no_value_leaks_across_an_autoreset(monkeypatch):
     torch.testing.assert_close(other["out"].vs[:3], base[:3])
 
 
+@pytest.mark.parametrize("adv_mode", ["official", "acme"])
+def test_learner_passes_adv_mode_to_vtrace(monkeypatch, adv_mode):
+    model = make_model()
+    batch = learner_batch(model)
+    calls = spy_vtrace(monkeypatch)
+    Learner(copy.deepcopy(model), learner_cfg(vtrace_lambda=0.5, adv_mode=adv_mode)).update(batch)
+    (call,) = calls
+    assert call["adv_mode"] == adv_mode
+
+
+def test_learner_adv_mode_defaults_to_official():
+    assert ImpalaAlgorithmConfig().adv_mode == "official"
+
+
 def test_learner_weighs_the_entropy_bonus_by_its_current_coefficient():
     """The total loss holds ``entropy_coef * -mean(H)`` with the weight the trainer last set
     (the schedule's), not the config's initial value."""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from impala_rl import vtrace
+from impala_rl import config, vtrace
 
 # ---------------------------------------------------------------------------------------------
 # Ground truth: direct (non-recursive) evaluation of eq. 1 of the IMPALA paper, float64 numpy.
@@ -112,6 +112,105 @@ def test_from_importance_weights_matches_ground_truth(shape, hparams, discount_k
     rho_bar = hparams.get("clip_rho_threshold", 1.0)
     expected_clipped = rhos if rho_bar is None else np.minimum(rhos, rho_bar)
     np.testing.assert_allclose(out.clipped_rhos.numpy(), expected_clipped, rtol=1e-12)
+
+
+def acme_pg_ground_truth(
+    log_rhos: np.ndarray,
+    discounts: np.ndarray,
+    rewards: np.ndarray,
+    values: np.ndarray,
+    bootstrap_value: np.ndarray,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    clip_c_threshold: float | None = 1.0,
+    lambda_: float = 1.0,
+) -> np.ndarray:
+    """EvoRL's / Acme's ``adv_mode='acme'``, element by element: the policy-gradient target
+    bootstraps from ``lambda v_{s+1} + (1 - lambda) V(x_{s+1})`` (``V(x_T)`` at the last step)."""
+    vs, _ = ground_truth(
+        log_rhos,
+        discounts,
+        rewards,
+        values,
+        bootstrap_value,
+        clip_rho_threshold,
+        clip_pg_rho_threshold,
+        clip_c_threshold,
+        lambda_,
+    )
+    T, B = log_rhos.shape
+    pg = np.zeros((T, B))
+    for b in range(B):
+        for s in range(T):
+            if s == T - 1:
+                q_next = float(bootstrap_value[b])
+            else:
+                q_next = lambda_ * vs[s + 1, b] + (1.0 - lambda_) * values[s + 1, b]
+            pg_rho = _clip(np.exp(log_rhos[s, b]), clip_pg_rho_threshold)
+            pg[s, b] = pg_rho * (rewards[s, b] + discounts[s, b] * q_next - values[s, b])
+    return pg
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("hparams", HYPERPARAMS)
+@pytest.mark.parametrize("discount_kind", ["random", "random_zero_in_middle"])
+def test_adv_mode_official_and_acme_match_their_references(shape, hparams, discount_kind):
+    T, B = shape
+    zero_at = T // 2 if "zero" in discount_kind and T > 1 else None
+    inputs = make_inputs(T, B, seed=T * 10 + B, zero_discount_at=zero_at, random_discounts=True)
+    expected_vs, expected_official = ground_truth(**inputs, **hparams)
+    expected_acme = acme_pg_ground_truth(**inputs, **hparams)
+    official = vtrace.from_importance_weights(**to_torch(inputs), **hparams, adv_mode="official")
+    acme = vtrace.from_importance_weights(**to_torch(inputs), **hparams, adv_mode="acme")
+    np.testing.assert_allclose(official.pg_advantages.numpy(), expected_official, rtol=1e-10)
+    np.testing.assert_allclose(acme.pg_advantages.numpy(), expected_acme, rtol=1e-10, atol=1e-10)
+    # the mode changes the policy-gradient target only
+    for name in ("vs", "clipped_rhos", "rhos"):
+        torch.testing.assert_close(getattr(acme, name), getattr(official, name), rtol=0, atol=0)
+    np.testing.assert_allclose(acme.vs.numpy(), expected_vs, rtol=1e-10, atol=1e-10)
+
+
+def test_adv_mode_acme_differs_below_lambda_one_and_not_at_one():
+    inputs = to_torch(make_inputs(20, 7, seed=5, random_discounts=True))
+    for lambda_, differs in ((0.5, True), (1.0, False)):
+        official = vtrace.from_importance_weights(**inputs, lambda_=lambda_)
+        acme = vtrace.from_importance_weights(**inputs, lambda_=lambda_, adv_mode="acme")
+        same = torch.equal(official.pg_advantages, acme.pg_advantages)
+        assert same is not differs, lambda_
+        # the last step bootstraps from V(x_T) in both modes
+        torch.testing.assert_close(official.pg_advantages[-1], acme.pg_advantages[-1])
+
+
+def test_adv_mode_default_is_official():
+    inputs = to_torch(make_inputs(6, 3, seed=8, random_discounts=True))
+    default = vtrace.from_importance_weights(**inputs, lambda_=0.7)
+    official = vtrace.from_importance_weights(**inputs, lambda_=0.7, adv_mode="official")
+    assert torch.equal(default.pg_advantages, official.pg_advantages)
+
+
+def test_from_logits_passes_adv_mode():
+    np_inputs = _logits_inputs(6, 3, 4, seed=9)
+    t_inputs = {
+        k: torch.as_tensor(v, dtype=torch.int64 if k == "actions" else torch.float64)
+        for k, v in np_inputs.items()
+    }
+    out = vtrace.from_logits(**t_inputs, lambda_=0.6, adv_mode="acme")
+    ref = vtrace.from_importance_weights(
+        log_rhos=out.log_rhos,
+        discounts=t_inputs["discounts"],
+        rewards=t_inputs["rewards"],
+        values=t_inputs["values"],
+        bootstrap_value=t_inputs["bootstrap_value"],
+        lambda_=0.6,
+        adv_mode="acme",
+    )
+    torch.testing.assert_close(out.pg_advantages, ref.pg_advantages, rtol=0, atol=0)
+
+
+def test_unknown_adv_mode_raises():
+    with pytest.raises(ValueError, match="adv_mode"):
+        vtrace.from_importance_weights(**_valid_iw(), adv_mode="rllib")
+    assert config.ADV_MODES == vtrace.ADV_MODES  # the config's choices are V-trace's
 
 
 def test_clipping_binds_in_ground_truth_inputs():

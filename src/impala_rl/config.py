@@ -38,6 +38,7 @@ PRECISIONS = ("fp32", "bf16")
 CRITIC_MODES = ("per_step_key", "shared")
 VECTOR_ENVS = ("auto", "python", "envpool")
 POLICY_LOSSES = ("impala", "appo")
+ADV_MODES = ("official", "acme")  # vtrace.ADV_MODES
 
 
 class ConfigError(ValueError):
@@ -154,6 +155,10 @@ class ImpalaAlgorithmConfig:
     """c-bar: clips the trace-cutting coefficients (``null``: no clipping)."""
     vtrace_lambda: float = 1.0
     """lambda in c_t = lambda * min(c-bar, rho_t); 1 is the paper's V-trace."""
+    adv_mode: str = "official"
+    """The policy-gradient advantage's bootstrap (EvoRL's ``adv_mode``): ``official`` (the
+    paper's, RLlib's) uses ``r_s + gamma v_{s+1} - V(x_s)``; ``acme`` (Acme's, rlax's) uses
+    ``r_s + gamma (lambda v_{s+1} + (1 - lambda) V(x_{s+1})) - V(x_s)``, the same at lambda 1."""
     reward_clipping: str = "none"
     """``none``, ``abs_one`` (clip to [-1, 1]) or ``soft_asymmetric`` (the paper's tanh clip)."""
     max_policy_lag: int | None = None
@@ -632,6 +637,7 @@ RULES: dict[str, Rule] = {
     "algorithm.vtrace_clip_pg_rho_threshold": above(0, nullable=True),
     "algorithm.vtrace_clip_c_threshold": above(0, nullable=True),
     "algorithm.vtrace_lambda": unit_interval(),
+    "algorithm.adv_mode": one_of(ADV_MODES),
     "algorithm.reward_clipping": one_of(REWARD_CLIPPING_MODES),
     "algorithm.max_policy_lag": at_least(0, integer=True, nullable=True),
     "algorithm.num_passes": at_least(1, integer=True),

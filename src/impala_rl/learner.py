@@ -622,6 +622,7 @@ class Learner:
             clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold,
             clip_c_threshold=cfg.vtrace_clip_c_threshold,
             lambda_=cfg.vtrace_lambda,
+            adv_mode=cfg.adv_mode,
         )
 
     def _key_rows(

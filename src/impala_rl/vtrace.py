@@ -23,9 +23,19 @@ The policy-gradient advantage (paper, section 4.2) is::
 
     A_s = min(pg_rho_bar, pi(a_s|x_s) / mu(a_s|x_s)) (r_s + gamma_s v_{s+1} - V(x_s))
 
-with ``v_T = V(x_T) = bootstrap_value``. ``rho_bar`` determines the fixed point the value
-function converges to, ``c_bar`` the contraction speed / variance. A threshold of ``None``
-disables that clipping.
+with ``v_T = V(x_T) = bootstrap_value``: ``adv_mode="official"``, the default (the paper's and
+its reference implementation's; RLlib's too). ``adv_mode="acme"`` (Acme's / rlax's, EvoRL's
+``compute_pg_advantage(mode="acme")``) bootstraps the policy-gradient target from a
+lambda-mixture of the V-trace target and the baseline instead::
+
+    A_s = min(pg_rho_bar, pi(a_s|x_s) / mu(a_s|x_s))
+          (r_s + gamma_s (lambda v_{s+1} + (1 - lambda) V(x_{s+1})) - V(x_s))
+
+again with ``V(x_T)`` at the last step ``s = T - 1``. With ``lambda = 1`` both modes agree;
+below 1 the acme target leans on the critic as much as the value targets do.
+
+``rho_bar`` determines the fixed point the value function converges to, ``c_bar`` the
+contraction speed / variance. A threshold of ``None`` disables that clipping.
 
 Targets are computed under ``torch.no_grad()``: they are regression targets / advantages and
 must not carry gradient.
@@ -38,7 +48,11 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+ADV_MODES = ("official", "acme")
+"""The policy-gradient advantage's bootstrap target (see the module docstring)."""
+
 __all__ = [
+    "ADV_MODES",
     "VTraceFromLogitsReturns",
     "VTraceReturns",
     "backward_recursion",
@@ -102,6 +116,7 @@ def _check_hyperparameters(
     clip_pg_rho_threshold: float | None,
     clip_c_threshold: float | None,
     lambda_: float,
+    adv_mode: str = "official",
 ) -> None:
     for name, value in (
         ("clip_rho_threshold", clip_rho_threshold),
@@ -112,6 +127,8 @@ def _check_hyperparameters(
             raise ValueError(f"{name} must be None or >= 0, got {value}")
     if not 0.0 <= lambda_ <= 1.0:
         raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
+    if adv_mode not in ADV_MODES:
+        raise ValueError(f"adv_mode must be one of {' | '.join(ADV_MODES)}, got {adv_mode!r}")
 
 
 def _clip(x: torch.Tensor, threshold: float | None) -> torch.Tensor:
@@ -128,6 +145,7 @@ def from_importance_weights(
     clip_pg_rho_threshold: float | None = 1.0,
     clip_c_threshold: float | None = 1.0,
     lambda_: float = 1.0,
+    adv_mode: str = "official",
 ) -> VTraceReturns:
     """V-trace targets from log importance ratios ``log(pi(a_t|x_t) / mu(a_t|x_t))``.
 
@@ -141,6 +159,8 @@ def from_importance_weights(
         clip_pg_rho_threshold: ``rho`` clip for the policy-gradient advantage; ``None`` disables.
         clip_c_threshold: ``c_bar`` for the trace coefficients; ``None`` disables.
         lambda_: extra trace discount in ``[0, 1]``: ``c_t = lambda_ * min(c_bar, ratio_t)``.
+        adv_mode: ``"official"`` (the advantage bootstraps from ``v_{s+1}``) or ``"acme"``
+            (from ``lambda_ v_{s+1} + (1 - lambda_) V(x_{s+1})``); see the module docstring.
 
     Returns:
         :class:`VTraceReturns`, all ``[T, B]``, detached, in the inputs' (promoted) dtype.
@@ -160,7 +180,9 @@ def from_importance_weights(
     for name, x in (("discounts", discounts), ("rewards", rewards), ("values", values)):
         _check_time_batch(name, x, tb)
     _check_bootstrap(bootstrap_value, tb[1])
-    _check_hyperparameters(clip_rho_threshold, clip_pg_rho_threshold, clip_c_threshold, lambda_)
+    _check_hyperparameters(
+        clip_rho_threshold, clip_pg_rho_threshold, clip_c_threshold, lambda_, adv_mode
+    )
 
     dtype = values.dtype
     for x in tensors:
@@ -181,7 +203,12 @@ def from_importance_weights(
 
         vs = backward_recursion(deltas, discounts * cs) + values
 
-        vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+        if adv_mode == "acme":
+            # lambda v_{s+1} + (1 - lambda) V(x_{s+1}) for s < T - 1; V(x_T) at the last step
+            mixed = lambda_ * vs[1:] + (1.0 - lambda_) * values[1:]
+            vs_tp1 = torch.cat([mixed, bootstrap_value.unsqueeze(0)], dim=0)
+        else:
+            vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
         pg_rhos = _clip(rhos, clip_pg_rho_threshold)
         pg_advantages = pg_rhos * (rewards + discounts * vs_tp1 - values)
 
@@ -226,6 +253,7 @@ def from_logits(
     clip_pg_rho_threshold: float | None = 1.0,
     clip_c_threshold: float | None = 1.0,
     lambda_: float = 1.0,
+    adv_mode: str = "official",
 ) -> VTraceFromLogitsReturns:
     """V-trace for categorical policies given unnormalised logits.
 
@@ -233,7 +261,7 @@ def from_logits(
         behaviour_policy_logits: ``[T, B, A]`` logits of the actor's policy ``mu``.
         target_policy_logits: ``[T, B, A]`` logits of the learner's policy ``pi``.
         actions: ``[T, B]`` integer actions taken by the actors (values in ``[0, A)``).
-        discounts, rewards, values, bootstrap_value, thresholds, lambda_: as in
+        discounts, rewards, values, bootstrap_value, thresholds, lambda_, adv_mode: as in
             :func:`from_importance_weights`.
 
     Returns:
@@ -282,6 +310,7 @@ def from_logits(
         clip_pg_rho_threshold=clip_pg_rho_threshold,
         clip_c_threshold=clip_c_threshold,
         lambda_=lambda_,
+        adv_mode=adv_mode,
     )
     return VTraceFromLogitsReturns(
         vs=vtrace.vs,
