@@ -13,7 +13,7 @@ waits where and which ones are dropped:
 - :meth:`RolloutQueue.unblock` moves blocked rollouts into the queue while there is room, in
   actor order; the backend then gives its actors work again.
 
-The queue holds no lock: the backend calls it under its own. (Not ``queue.py``: the Ray
+The queue holds no lock: the supervisor calls it under its own. (Not ``queue.py``: the Ray
 watchdog runs as a script from this directory, where that name would hide the standard library's
 ``queue``.)
 """

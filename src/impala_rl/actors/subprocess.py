@@ -7,22 +7,14 @@ Layout
   Each field is one shared tensor ``[num_slots, ...]`` whose rows are the slots, and the policy
   travels pickled by value: an actor process receives a file descriptor per field and two for
   the weights, however many slots or parameters (the forkserver passes fewer than 256).
-- Each actor owns one pipe to the learner process. The learner's dispatcher thread hands an
-  actor a free slot index; the actor fills it (one unroll) and sends the index back with its
-  episode statistics. At most ``max_waiting = ceil(queue_out_of_sync_factor *
-  actors_batch_size)`` full slots wait for the learner; an actor whose slot finds the queue
-  full is given no new slot until the learner takes a batch (it blocks), which bounds
-  staleness. The queue, its stale drops and their accounting are
-  :class:`impala_rl.actors.rollout_queue.RolloutQueue`'s, as for the Ray backend.
-- The dispatcher also assembles the next batch while the learner updates (prefetch), notices
-  dead actors at once (process sentinels), reclaims their slot and restarts them up to
-  ``runner.max_actor_restarts``.
-- ``max_policy_lag`` holds at hand-out, where the learner measures it. A batch prefetched during
-  an update is handed out after that update's broadcast, so the prefetch drops (and counts) the
-  slots that will then be too old; :meth:`collect_outputs` checks again and drops a prefetched
-  batch that went stale anyway (more than one broadcast since it was assembled).
-- A slot's episode statistics are recorded when it leaves the queue, taken or dropped, together
-  with its env steps (see :class:`CollectedOutputs`).
+- Each actor owns one pipe to the learner process. The supervisor's dispatcher thread
+  (:class:`impala_rl.actors.supervisor.ActorSupervisor`: the queue and its bound, stale drops,
+  prefetch, restarts, errors and the collect loop are its) hands an actor a free slot index;
+  the actor fills it (one unroll) and sends the index back with its episode statistics. A full
+  slot waits in the queue, or blocked with its actor, until it is copied into a batch or
+  dropped; then it is free again.
+- Dead actors are noticed at once (process sentinels); their slot is reclaimed before the
+  supervisor restarts them.
 - Weights: one shared flat float buffer plus a header ``[seqlock, version]``. The learner
   writes under the seqlock; actors copy a consistent snapshot between unrolls only.
 - With ``runner.inference=central`` the actors hold no weights: each has a second pipe, to
@@ -38,7 +30,6 @@ Shared memory comes from torch's file-descriptor strategy, so nothing is left un
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -48,6 +39,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from multiprocessing import forkserver, resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -55,12 +47,12 @@ from typing import Any
 import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
-from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
+from impala_rl.actors.base import ActorError, actor_seed
 from impala_rl.actors.inference import CentralActing, InferenceProcess, allocate_requests
-from impala_rl.actors.rollout_queue import Rollout, RolloutQueue
-from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, column_block
+from impala_rl.actors.rollout_queue import Rollout
+from impala_rl.actors.supervisor import DEATH, ERROR, ROLLOUT, Actor, ActorEvent, ActorSupervisor
+from impala_rl.rollout import ActorLoop, RolloutSpec
 
-POLL_S = 0.05
 log = logging.getLogger(__name__)
 
 
@@ -212,38 +204,31 @@ def _reap(process: Any, timeout: float) -> int | None:
     return exitcode
 
 
-class _Actor:
+class _Actor(Actor):
     """The learner's view of one actor process."""
 
     def __init__(self, index: int):
-        self.index = index
+        super().__init__(index)
         self.process: Any = None
         self.conn: Connection | None = None
         self.slot: int | None = None  # slot it is filling (a full one waits in the queue)
-        self.starts = 0
-        self.delivered = 0  # rollouts delivered since the last (re)start
 
 
-class SubprocessDistributedActors(DistributedActors):
-    """``num_actors`` processes, shared-memory slots, a bounded queue and prefetching."""
+class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
+    """``num_actors`` processes filling shared-memory slots: the transport of the supervisor."""
 
     def __init__(
         self, *args: Any, runner: Any = None, device: torch.device | str = "cpu", **kwargs: Any
     ):
-        super().__init__(*args, **kwargs)
-        self.runner = runner
+        super().__init__(*args, runner=runner, **kwargs)
         self.central = getattr(runner, "inference", "actor") == "central"
         self.device = torch.device(device)
         self.servers: list[InferenceProcess] = []  # central: actor i's is servers[i % len]
         self.start_method = getattr(runner, "start_method", "forkserver")
-        self.max_restarts = getattr(runner, "max_actor_restarts", 3)
-        self.shutdown_timeout_s = getattr(runner, "shutdown_timeout_s", 10.0)
-        self.restarts = 0
-        self._started = False
+        self._unreaped: list[Any] = []
 
     # -- life cycle ----------------------------------------------------------------------------
-    def start(self) -> None:
-        cfg = self.cfg
+    def _prepare(self) -> None:
         pickled = {}
         for name, obj in (("env factory", self.env_factory), ("policy", self._template)):
             try:
@@ -254,6 +239,7 @@ class SubprocessDistributedActors(DistributedActors):
                     f"({type(exc).__name__}: {exc}); use an importable 'module:callable' "
                     "factory, or runner.backend=sequential"
                 ) from None
+        self._model_bytes = pickled["policy"]
         if self.start_method == "fork" and threading.active_count() > 1:
             # forking a process with threads can copy a held lock and hang the child
             log.warning(
@@ -272,71 +258,43 @@ class SubprocessDistributedActors(DistributedActors):
         self.ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
             start_forkserver()  # a no-op when the trainer has started it already
-        probe = self.env_factory()
-        spec: RolloutSpec = self.spec(probe.observation_space)
-        probe.close()
+
+    def _open(self, spec: RolloutSpec) -> None:
+        cfg = self.cfg
         # full slots: queued, blocked with their actor, or dropped as stale
-        self.queue: RolloutQueue[int] = RolloutQueue(cfg)
-        self.max_waiting = self.queue.max_waiting
         n_slots = self.max_waiting + cfg.num_actors + cfg.actors_batch_size
         self._store = spec.allocate(share_memory=True, n_slots=n_slots)
         self.slots = slot_views(self._store)
-        self._model_bytes = pickled["policy"]
-        self._batch_spec = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size)
         self.weights = SharedWeights(self._template.state_dict())
         self.weights.publish(self._template.state_dict(), self.policy_version)
         self._free: collections.deque[int] = collections.deque(range(n_slots))
-        self._lock = threading.Condition()
-        # assembled batches, each with its oldest policy version and the reports it hands out
-        self._batches: collections.deque[tuple[CollectedOutputs, int, list[UnrollResult]]] = (
-            collections.deque()
-        )
-        self._in_update = False  # between a hand-out and the next broadcast
-        self._error: BaseException | None = None
-        self._stopping = False
-        self._unreaped: list[Any] = []
-        self._assembling = False
-        self._learner_device: torch.device | None = None
-        self.actors = [_Actor(i) for i in range(cfg.num_actors)]
-        self._started = True
-        try:
-            if self.central:
-                self._requests = allocate_requests(spec, cfg.num_actors, spec.N)
-                n = getattr(self.runner, "inference_servers", 1)
-                for s in range(n):  # each its own sampler seed, apart from the actors'
-                    self.servers.append(
-                        InferenceProcess(
-                            self.ctx,
-                            self._template,
-                            self._requests,
-                            self.device,
-                            self.weights,
-                            self.seed if s == 0 else actor_seed(self.seed, cfg.num_actors + s),
-                            index=s,
-                            count=n,
-                        )
+        if self.central:
+            self._requests = allocate_requests(spec, cfg.num_actors, spec.N)
+            n = getattr(self.runner, "inference_servers", 1)
+            for s in range(n):  # each its own sampler seed, apart from the actors'
+                self.servers.append(
+                    InferenceProcess(
+                        self.ctx,
+                        self._template,
+                        self._requests,
+                        self.device,
+                        self.weights,
+                        self.seed if s == 0 else actor_seed(self.seed, cfg.num_actors + s),
+                        index=s,
+                        count=n,
                     )
-            for actor in self.actors:
-                self._spawn(actor)
-                self._give_slot(actor)
-        except BaseException:
-            self.stop()
-            raise
-        self._dispatcher = threading.Thread(
-            target=self._dispatch_loop, name="impala-dispatcher", daemon=True
-        )
-        self._dispatcher.start()
+                )
 
-    def _spawn(self, actor: _Actor) -> None:
+    def _new_actor(self, index: int) -> _Actor:
+        return _Actor(index)
+
+    def _spawn(self, actor: _Actor, seed: int) -> None:
         cfg = self.cfg
         parent_conn, child_conn = self.ctx.Pipe(duplex=True)
         inference = infer_child = None
         if self.central:
             infer_parent, infer_child = self.ctx.Pipe(duplex=True)
             inference = (infer_child, self._requests)
-        seed = actor_seed(self.seed, actor.index)
-        if actor.starts:
-            seed = actor_seed(self.seed + 7919 * actor.starts, actor.index)
         process = self.ctx.Process(
             target=_actor_main,
             name=f"impala-actor-{actor.index}",
@@ -360,27 +318,19 @@ class SubprocessDistributedActors(DistributedActors):
             infer_child.close()
             self._server_of(actor.index).add_actor(actor.index, infer_parent)
         actor.process, actor.conn = process, parent_conn
-        actor.delivered = 0
-        actor.starts += 1
 
-    def _give_slot(self, actor: _Actor) -> None:
-        if actor.slot is None and not self.queue.is_blocked(actor.index) and self._free:
+    def _give_work(self, actor: _Actor) -> None:
+        if actor.slot is None and self._free:
             actor.slot = self._free.popleft()
             try:
                 actor.conn.send(actor.slot)  # type: ignore[union-attr]
             except (BrokenPipeError, ConnectionResetError):
                 pass  # died since the last wait: its sentinel fires next and reclaims the slot
 
-    def stop(self) -> None:
-        if not self._started:
-            return
-        self._started = False
-        with self._lock:
-            self._stopping = True
-            self._lock.notify_all()
-        dispatcher = getattr(self, "_dispatcher", None)
-        if dispatcher is not None:
-            dispatcher.join(timeout=self.shutdown_timeout_s)
+    def _alive(self, actor: _Actor) -> bool:
+        return actor.conn is not None
+
+    def _close(self) -> None:
         for server in self.servers:
             server.stop()
         for actor in self.actors:
@@ -403,165 +353,78 @@ class SubprocessDistributedActors(DistributedActors):
             actor.process = actor.conn = None
         self._unreaped = [p for p in self._unreaped if _reap(p, timeout=2.0) is None]
 
-    def abandon(self) -> None:
-        # No lock: a main thread that does not return may hold it. The dispatcher reads the
-        # flag at its next round and returns; _on_death restarts nothing once it is set.
-        self._stopping = True
+    # -- the dispatcher's side -----------------------------------------------------------------
+    def _waitables(self) -> dict[Any, tuple[_Actor, int]]:
+        owner: dict[Any, tuple[_Actor, int]] = {}
+        for actor in self.actors:
+            if actor.conn is not None:
+                owner[actor.conn] = owner[actor.process.sentinel] = (actor, actor.starts)
+        return owner
 
-    # -- the dispatcher thread ------------------------------------------------------------------
-    def _dispatch_loop(self) -> None:
-        try:
-            while True:
-                with self._lock:
-                    if self._stopping:
-                        return
-                    waitables: list[Any] = []
-                    owner: dict[Any, tuple[_Actor, int]] = {}
-                    for actor in self.actors:
-                        if actor.conn is not None:
-                            waitables += [actor.conn, actor.process.sentinel]
-                            owner[actor.conn] = owner[actor.process.sentinel] = (
-                                actor,
-                                actor.starts,
-                            )
-                for ready in wait(waitables, timeout=POLL_S):
-                    actor, generation = owner[ready]
-                    with self._lock:
-                        # Already handled: died (not restarted), or died and restarted while
-                        # this round's other entries waited. The replacement's sentinel can
-                        # reuse the dead one's fd number, so match generations, not values.
-                        if actor.conn is None or actor.starts != generation:
-                            continue
-                        if ready is actor.conn:
-                            self._on_message(actor)
-                        elif ready is actor.process.sentinel and not actor.conn.poll():
-                            self._on_death(actor)
-                self._assemble()
-        except BaseException as exc:  # surfaces in collect_outputs
-            with self._lock:
-                self._error = self._error or exc
-                self._lock.notify_all()
+    def _events(
+        self, waitables: dict[Any, tuple[_Actor, int]], timeout: float
+    ) -> Iterator[ActorEvent[int]]:
+        for ready in wait(list(waitables), timeout=timeout):
+            actor, generation = waitables[ready]
+            # the actor is the dispatcher's own: it may have died and been restarted meanwhile
+            if actor.conn is None or actor.starts != generation:
+                continue
+            if ready is actor.conn:
+                try:
+                    msg = actor.conn.recv()
+                except (EOFError, OSError):
+                    yield ActorEvent(actor, generation, DEATH)
+                    continue
+                if msg[0] == "error":
+                    _, index, summary, text = msg
+                    error = ActorError(f"actor {index} failed: {summary}\n{text}")
+                    yield ActorEvent(actor, generation, ERROR, error=error)
+                    continue
+                _, slot, result = msg
+                version = int(self.slots[slot]["policy_version"][0])
+                yield ActorEvent(actor, generation, ROLLOUT, Rollout(slot, version, result))
+            elif ready is actor.process.sentinel and not actor.conn.poll():
+                yield ActorEvent(actor, generation, DEATH)
 
-    def _on_message(self, actor: _Actor) -> None:
-        try:
-            msg = actor.conn.recv()  # type: ignore[union-attr]
-        except (EOFError, OSError):
-            self._on_death(actor)
-            return
-        if msg[0] == "error":
-            _, index, summary, text = msg
-            self._error = self._server_failure(of_actor=index) or ActorError(
-                f"actor {index} failed: {summary}\n{text}"
-            )
-            self._lock.notify_all()
-            return
-        _, slot, result = msg
-        result: UnrollResult
-        actor.delivered += 1
+    def _accept(self, actor: _Actor, event: ActorEvent[int]) -> bool:
         actor.slot = None
-        if self.queue.put(actor.index, Rollout(slot, self._slot_version(slot), result)):
-            self._give_slot(actor)
-        self._lock.notify_all()
+        return True
 
-    def _on_death(self, actor: _Actor) -> None:
-        if self._stopping:
-            return
+    def _bury(self, actor: _Actor, cause: str) -> str:
         process = actor.process
         exitcode = _reap(process, timeout=5.0)
         if exitcode is None:
             self._unreaped.append(process)  # joined again in stop()
-        failed = self._error is not None
         if actor.slot is not None:  # reclaim the slot it was filling
             self._free.append(actor.slot)
             actor.slot = None
-        for lost in self.queue.discard_blocked(actor.index):  # neither recorded nor counted
-            self._free.append(lost.payload)
-        actor.conn.close()
+        actor.conn.close()  # type: ignore[union-attr]
         actor.process = actor.conn = None
-        if failed:
-            return
-        self._error = self._server_failure(of_actor=actor.index)  # its answers are lost
-        if self._error is not None:
-            self._lock.notify_all()
-            return
-        if self.restarts >= self.max_restarts:
-            self._error = ActorError(
-                f"actor {actor.index} died (exit code {exitcode}) and the restart limit "
-                f"runner.max_actor_restarts={self.max_restarts} is reached"
-                + (
-                    ""
-                    if actor.delivered
-                    else "; it died before its first rollout. If you start training from a "
-                    "script, guard it with `if __name__ == '__main__':` (actor processes "
-                    "import your main module)"
-                )
-            )
-            self._lock.notify_all()
-            return
-        log.warning(
-            "actor %d died (exit code %s); restarting it (%d of runner.max_actor_restarts=%d)",
-            actor.index,
-            exitcode,
-            self.restarts + 1,
-            self.max_restarts,
+        return f"exit code {exitcode}"
+
+    def _death_hint(self, actor: _Actor) -> str:
+        if actor.delivered:
+            return ""
+        return (
+            "; it died before its first rollout. If you start training from a script, guard "
+            "it with `if __name__ == '__main__':` (actor processes import your main module)"
         )
-        self._spawn(actor)
-        self._give_slot(actor)
-        self.restarts += 1  # counted once the new process runs
-        self.events.actor_restarts(1)
 
-    def _assemble(self, in_learner: bool = False) -> None:
-        """Copy ``actors_batch_size`` ready slots into a batch while the learner is busy.
+    def _release(self, payload: int) -> None:
+        self._free.append(payload)
 
-        The batch's ``dequeue_time`` is the learner's own time spent on it: the copy when the
-        learner thread assembles it, nothing when it was prefetched.
-        """
-        with self._lock:
-            if self._batches or self._assembling or self._learner_device is None:
-                return
-            # during an update the batch is handed out after that update's broadcast
-            self._drop_stale(self.policy_version + int(self._in_update))
-            if len(self.queue) < self.cfg.actors_batch_size:
-                return
-            queue_before = len(self.queue)
-            rollouts = self.queue.take(self.cfg.actors_batch_size)
-            self._assembling = True
-            device = self._learner_device
-            taken = [r.payload for r in rollouts]
-            oldest = min(r.version for r in rollouts)
-            results = [r.result for r in rollouts]
-        t0 = time.perf_counter()
-        batch = self._batch_spec.allocate(pin_memory=device.type == "cuda")
-        n = self._batch_spec.N // self.cfg.actors_batch_size
-        for b, slot_index in enumerate(taken):
-            block = column_block(batch, b * n, (b + 1) * n)
-            for key, src in self.slots[slot_index].items():
-                block[key].copy_(src)
-        if device.type != "cpu":
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        copy_time = time.perf_counter() - t0
-        with self._lock:
-            self._assembling = False
-            self._free.extend(taken)
-            self._unblock()
-            dropped = self.queue.take_dropped()
-            results += dropped
-            out = CollectedOutputs(
-                batch,
-                queue_before,
-                len(self.queue),
-                copy_time if in_learner else 0.0,
-                sum(r.env_steps for r in results),
-                len(dropped),
-            )
-            self._batches.append((out, oldest, results))
-            self._lock.notify_all()
+    def _copy_rollout(self, block: dict[str, torch.Tensor], payload: int) -> None:
+        for key, src in self.slots[payload].items():
+            block[key].copy_(src)
 
-    def _server_failure(self, of_actor: int | None = None) -> ActorError | None:
+    def _publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.weights.publish(state_dict, version)  # read by the actors or the server
+
+    def _failure(self, actor: _Actor | None = None) -> ActorError | None:
         """Central inference's error, or that a server's process is gone (None while they
-        serve); ``of_actor``: an actor whose failure may be its server's (waited for up to a
-        second: the actor can see its pipe break before the server's exit code is there)."""
-        serving = None if of_actor is None or not self.servers else self._server_of(of_actor)
+        serve); ``actor``: one whose failure may be its server's (waited for up to a second:
+        the actor can see its pipe break before the server's exit code is there)."""
+        serving = None if actor is None or not self.servers else self._server_of(actor.index)
         for server in self.servers:
             try:
                 server.check(1.0 if server is serving else 0.0)
@@ -571,66 +434,3 @@ class SubprocessDistributedActors(DistributedActors):
 
     def _server_of(self, actor_index: int) -> InferenceProcess:
         return self.servers[actor_index % len(self.servers)]
-
-    def _slot_version(self, slot_index: int) -> int:
-        return int(self.slots[slot_index]["policy_version"][0])
-
-    def _drop_stale(self, handout_version: int) -> None:
-        """Drop full slots more than ``max_policy_lag`` behind ``handout_version``, free them."""
-        for rollout in self.queue.drop_stale(handout_version):
-            self._free.append(rollout.payload)
-        self._unblock()
-
-    def _unblock(self) -> None:
-        """Move blocked full slots into the queue while there is room; re-arm their actors."""
-        self.queue.unblock()
-        for actor in self.actors:
-            if actor.conn is not None:
-                self._give_slot(actor)
-
-    # -- the learner's side -----------------------------------------------------------------------
-    def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
-        with self._lock:  # the version before the weights: a rollout is never newer
-            self.policy_version += 1
-            self._in_update = False
-            version = self.policy_version
-        self.weights.publish(state_dict, version)  # read by the actors or the server
-
-    def collect_outputs(self, learner_device: torch.device | str) -> CollectedOutputs:
-        device = torch.device(learner_device)
-        with self._lock:
-            self._learner_device = device
-            self._in_update = False
-        while True:
-            with self._lock:
-                while not self._batches:
-                    if self._error is not None:
-                        raise self._error
-                    failure = self._server_failure()
-                    if failure is not None:
-                        raise failure
-                    if not self._dispatcher.is_alive():
-                        raise ActorError("the dispatcher thread stopped unexpectedly")
-                    if len(self.queue) >= self.cfg.actors_batch_size and not self._assembling:
-                        break
-                    self._lock.wait(timeout=POLL_S)
-            if not self._batches:
-                self._assemble(in_learner=True)  # data is ready: no need to wait for the thread
-            t_pop = time.perf_counter()
-            with self._lock:
-                if not self._batches:
-                    continue  # stale slots were dropped: wait for fresh ones
-                out, oldest, results = self._batches.popleft()
-                self._lock.notify_all()
-                if self.queue.is_stale(oldest, self.policy_version):
-                    self.queue.drop_taken(results)  # prefetched before several broadcasts
-                    continue
-                self._in_update = True
-                for result in results:
-                    self.record_unroll(result)
-            out.dequeue_time += time.perf_counter() - t_pop
-            return out
-
-    def queue_size(self) -> int:
-        with self._lock:
-            return len(self.queue)
