@@ -1,5 +1,7 @@
-"""The subprocess actor backend: same data as the sequential one, bounded queue and lag,
-failures (exceptions, killed actors, unpicklable factories), shutdown and signals.
+"""The subprocess actor backend's own tests: same data as the sequential one, policy lag,
+restart races, unpicklable factories, shutdown, signals and shared memory. What it shares with
+the Ray backend (stale drops, prefetch, failures, restarts, learning) is tested for both in
+``test_actor_backends.py``.
 
 Actor processes start with ``forkserver``; the env factories they need live in
 :mod:`fault_envs` (importable in the children: they inherit ``sys.path``). Every test is bounded
@@ -10,13 +12,12 @@ actor fails a test instead of hanging the suite.
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from pathlib import Path
 
 import gymnasium as gym
@@ -24,15 +25,14 @@ import pytest
 import torch
 
 import impala_rl
-from deadlines import alarm_deadline, time_limit, wait_until  # noqa: E402
-from impala_rl.actors import ActorError, DistributedActors, SequentialDistributedActors
+from actor_backends import make_actors, pid_alive, proc_stat
+from deadlines import alarm_deadline, time_limit, wait_until
+from impala_rl.actors import ActorError, DistributedActors
 from impala_rl.actors.subprocess import SubprocessDistributedActors
 from impala_rl.config import ConfigError, ImpalaAlgorithmConfig, ModelConfig, RunnerConfig
 from impala_rl.envs import EnvFactory
 from impala_rl.nn.factory import build_model
-from stale_drops import EPISODE_LENGTH, check_dropped_rollouts_count_alike
 
-CRASH_ENV = "fault_envs:make_crashing_env"
 DEFAULT_TIME_LIMIT_S = 120.0
 
 
@@ -48,67 +48,8 @@ def _deadline(request):
         yield
 
 
-def _proc_stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` after the command name: [state, ppid, pgrp, session, ...]."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    return text.rsplit(")", 1)[1].split()
-
-
-def pid_alive(pid: int) -> bool:
-    """Running (not gone, not a zombie waiting to be reaped)."""
-    fields = _proc_stat(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
-
-
 def actor_pids(actors: SubprocessDistributedActors) -> list[int]:
     return [a.process.pid for a in actors.actors if a.process is not None]
-
-
-def make_actors(
-    backend: str,
-    *,
-    env_id: str = "CartPole-v1",
-    env_kwargs: dict | None = None,
-    max_episode_steps: int | None = None,
-    seed: int = 0,
-    max_actor_restarts: int = 3,
-    shutdown_timeout_s: float = 5.0,
-    normalize_obs: bool = False,
-    hidden_sizes: tuple[int, ...] = (16,),
-    **algorithm: object,
-) -> DistributedActors:
-    """A small actor backend on CartPole (or ``env_id``) with a seeded random MLP policy."""
-    factory = EnvFactory(env_id, env_kwargs or {}, max_episode_steps)
-    probe = factory()
-    observation_space, action_space = probe.observation_space, probe.action_space
-    probe.close()
-    torch.manual_seed(1234)
-    model = build_model(
-        ModelConfig(hidden_sizes=list(hidden_sizes), normalize_obs=normalize_obs),
-        observation_space,
-        action_space,
-    )
-    if normalize_obs:  # statistics far from the identity, so that using them shows
-        model.obs_norm.update(torch.randn(64, *observation_space.shape) * 0.1 + 0.5)
-    settings = {
-        "num_actors": 2,
-        "envs_per_actor": 2,
-        "n_rollout_steps": 8,
-        "actors_batch_size": 2,
-        **algorithm,
-    }
-    cfg = ImpalaAlgorithmConfig(**settings)  # type: ignore[arg-type]
-    if backend == "sequential":
-        return SequentialDistributedActors(factory, model, cfg, seed)
-    runner = RunnerConfig(
-        backend="subprocess",
-        max_actor_restarts=max_actor_restarts,
-        shutdown_timeout_s=shutdown_timeout_s,
-    )
-    return SubprocessDistributedActors(factory, model, cfg, seed, runner=runner)
 
 
 def split_by_slot(batch: dict[str, torch.Tensor], n: int) -> list[tuple[int, dict]]:
@@ -244,35 +185,6 @@ def test_policy_lag_is_non_negative_and_bounded(backend, max_policy_lag):
     assert len(lags) == 40 * actors.cfg.actors_batch_size * actors.cfg.envs_per_actor
 
 
-@pytest.mark.parametrize(
-    "backend, max_policy_lag, broadcasts",
-    [
-        ("sequential", 0, 1),
-        ("subprocess", 0, 1),  # the trainer: one broadcast per update
-        ("subprocess", 1, 1),
-        ("subprocess", 0, 4),  # several: a prefetched batch goes stale before its hand-out
-        ("subprocess", 2, 4),
-    ],
-)
-def test_max_policy_lag_drops_stale_rollouts(backend, max_policy_lag, broadcasts):
-    actors = make_actors(backend, max_policy_lag=max_policy_lag)
-    state = actors._template.state_dict()
-    dropped = 0
-    with actors:
-        for _ in range(8):
-            out = actors.collect_outputs("cpu")
-            batch_lags = learner_lags(actors, out)
-            assert 0 <= min(batch_lags) and max(batch_lags) <= max_policy_lag, batch_lags
-            dropped += out.dropped_stale
-            time.sleep(0.3)  # a slow learner: actors fill the queue and block meanwhile
-            for _ in range(broadcasts):
-                actors.broadcast_updated_policy(state)
-    if backend == "sequential":
-        assert dropped == 0  # it acts with the newest policy: nothing is ever stale
-    else:
-        assert dropped > 0
-
-
 @pytest.mark.parametrize("max_policy_lag, num_passes", [(0, 1), (1, 1), (2, 3)])
 def test_trainer_reports_policy_lag_within_max_policy_lag(tmp_path, max_policy_lag, num_passes):
     """The learner's own policy_lag statistics of a subprocess run respect the setting, on
@@ -303,114 +215,14 @@ def test_trainer_reports_policy_lag_within_max_policy_lag(tmp_path, max_policy_l
 
 
 @pytest.mark.parametrize("backend", ["sequential", "subprocess"])
-def test_dropped_rollouts_count_in_episodes_and_env_steps_alike(backend):
-    actors = make_actors(
-        backend,
-        env_id="scripted_envs:make_env",
-        env_kwargs={"episode_lengths": [EPISODE_LENGTH]},
-        max_policy_lag=0,
-    )
-    dropped = check_dropped_rollouts_count_alike(actors, pause_s=0.2)
-    if backend == "subprocess":
-        assert dropped > 0
-
-
-@pytest.mark.parametrize("backend", ["sequential", "subprocess"])
 def test_backends_refuse_a_queue_smaller_than_a_batch_when_built_without_validation(backend):
     with pytest.raises(ConfigError, match="algorithm.queue_out_of_sync_factor"):
         make_actors(backend, queue_out_of_sync_factor=0.4, actors_batch_size=2)
 
 
-@pytest.mark.parametrize("factor", [0.6, 1.0, 1.5])
-def test_queue_is_bounded_while_the_learner_sleeps(factor):
-    batch_size = 2
-    actors = make_actors(
-        "subprocess", queue_out_of_sync_factor=factor, actors_batch_size=batch_size
-    )
-    # ready queue <= max_waiting; each actor may additionally hold one full (blocked) slot,
-    # and one prefetched batch may wait already copied out of its slots.
-    max_waiting = math.ceil(factor * batch_size)
-    with actors:
-        outs = [actors.collect_outputs("cpu")]
-        wait_until(
-            lambda: (
-                actors.queue_size() == max_waiting
-                and all(actors.queue.is_blocked(a.index) for a in actors.actors)
-                and len(actors._batches) == 1
-            ),
-            30,
-            "the actors to fill the queue and block",
-        )
-        delivered = [a.delivered for a in actors.actors]
-        sizes = []
-        t_end = time.monotonic() + 1.0  # the learner "sleeps" for 1 s
-        while time.monotonic() < t_end:
-            sizes.append(actors.queue_size())
-            time.sleep(0.01)
-        assert max(sizes) == min(sizes) == max_waiting
-        # blocked actors do not step their envs: no rollout arrived meanwhile
-        assert [a.delivered for a in actors.actors] == delivered
-        outs += [actors.collect_outputs("cpu") for _ in range(6)]
-        assert actors.queue_size() <= max_waiting
-    # queue_size_before counts the taken batch: batch_size <= before <= max_waiting
-    for out in outs:
-        assert batch_size <= out.queue_size_before <= max_waiting
-        assert 0 <= out.queue_size_after <= max_waiting
-    # outs[1] was prefetched right after outs[0]; outs[2] was assembled from the full queue
-    assert outs[2].queue_size_before == max_waiting
-
-
 # ---------------------------------------------------------------------------------------------
-# Failures
+# Restarts and failures
 # ---------------------------------------------------------------------------------------------
-
-
-def test_env_exception_surfaces_as_actor_error():
-    actors = make_actors(
-        "subprocess",
-        env_id=CRASH_ENV,
-        env_kwargs={"crash_after": 20, "crash_instance": 1, "message": "boom-from-env"},
-    )
-    actors.start()
-    pids = actor_pids(actors)
-    try:
-        with pytest.raises(ActorError) as info:
-            for _ in range(100):
-                actors.collect_outputs("cpu")
-        message = str(info.value)
-        assert "boom-from-env" in message
-        assert "env 1" in message
-        assert "Traceback (most recent call last)" in message
-    finally:
-        t0 = time.monotonic()
-        actors.stop()
-        stop_time = time.monotonic() - t0
-    assert stop_time < 5.0
-    wait_until(lambda: not any(pid_alive(p) for p in pids), 5, "the actor processes to exit")
-
-
-def test_killed_actor_is_restarted():
-    actors = make_actors("subprocess", max_actor_restarts=3)
-    with actors:
-        for _ in range(3):
-            actors.collect_outputs("cpu")
-        victim = actors.actors[0].process.pid
-        os.kill(victim, signal.SIGKILL)
-        seen_after_restart: set[int] = set()
-        for _ in range(10):
-            out = actors.collect_outputs("cpu")
-            if actors.restarts:
-                seen_after_restart.update(out.batch["actor_index"].tolist())
-        # the restart happens while the learner keeps collecting
-        wait_until(lambda: actors.restarts == 1, 10, "the restart")
-        while seen_after_restart != {0, 1}:
-            seen_after_restart.update(actors.collect_outputs("cpu").batch["actor_index"].tolist())
-        assert actors.restarts == 1
-        new_pid = actors.actors[0].process.pid
-        assert new_pid != victim and pid_alive(new_pid)
-        assert not pid_alive(victim)
-        stats = actors.get_epoch_stats_aggregator().reduce()
-        assert stats["actor_restarts"] == 1
 
 
 def test_each_kill_is_one_restart_and_no_replacement_is_killed(caplog):
@@ -436,31 +248,6 @@ def test_each_kill_is_one_restart_and_no_replacement_is_killed(caplog):
         assert len(deaths) == kills
 
 
-def test_too_many_deaths_stop_collection():
-    actors = make_actors("subprocess", max_actor_restarts=1)
-    actors.start()
-    try:
-        actors.collect_outputs("cpu")
-        first = actors.actors[0].process.pid
-        os.kill(first, signal.SIGKILL)
-        wait_until(
-            lambda: actors.restarts == 1 and actors.actors[0].process is not None,
-            10,
-            "the first restart",
-        )
-        actors.collect_outputs("cpu")
-        second = actors.actors[0].process.pid
-        assert second != first
-        os.kill(second, signal.SIGKILL)
-        with pytest.raises(ActorError, match=r"restart limit runner\.max_actor_restarts=1"):
-            for _ in range(200):
-                actors.collect_outputs("cpu")
-        pids = actor_pids(actors)
-    finally:
-        actors.stop()
-    wait_until(lambda: not any(pid_alive(p) for p in pids), 5, "the actor processes to exit")
-
-
 def test_unpicklable_env_factory_is_named():
     factory = EnvFactory("CartPole-v1")
     env = factory()
@@ -477,27 +264,6 @@ def test_unpicklable_env_factory_is_named():
         actors.start()
     assert "<lambda>" in str(info.value)
     actors.stop()  # nothing was started: a no-op
-
-
-def test_trainer_stops_with_error_and_saves_final_checkpoint(tmp_path):
-    run_dir = tmp_path / "run"
-    with pytest.raises(ActorError, match="deliberate test crash"):
-        impala_rl.train(
-            "cartpole",
-            [
-                "runner.backend=subprocess",
-                "runner.max_actor_restarts=0",
-                f"env.id={CRASH_ENV}",
-                "env.kwargs.crash_after=40",
-                "log.console=false",
-                "log.tensorboard=false",
-            ],
-            run_dir=run_dir,
-        )
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["stopped_because"] == "error"
-    assert "ActorError" in summary["error"]
-    assert (run_dir / "checkpoints" / "last.pt").is_file()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -532,7 +298,7 @@ def _processes_left(session: int, run_dir: Path) -> list[str]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        fields = _proc_stat(int(entry.name))
+        fields = proc_stat(int(entry.name))
         if fields is None or fields[0] == "X":
             continue
         try:
@@ -645,58 +411,8 @@ def test_no_shared_memory_left_behind():
 
 
 # ---------------------------------------------------------------------------------------------
-# Learning
+# The main module and the helper modules in actor processes
 # ---------------------------------------------------------------------------------------------
-
-LEARNING_BUDGET = 200_000  # env steps (no sequential learning test to copy a budget from yet)
-SOLVED_TRAIN_RETURN = 195.0
-
-
-@time_limit(300)
-def test_cartpole_learns_with_subprocess_actors(tmp_path, monkeypatch):
-    """Within the budget the mean of the last 100 training episodes (the summary's
-    ``train_return_recent``) reaches 195.
-
-    The run stops as soon as it does: the evaluation target (475, deterministic policy) is
-    usually met earlier, while the sampled training returns still lag, and at the end of a
-    fixed budget they may be in a dip again. So ``target_return`` is off, and a wrapper around
-    the actors' return feed lowers ``max_env_steps`` (read by the trainer after every update)
-    once the trainer's own running mean, computed the same way, reaches the threshold.
-    """
-    import impala_rl.trainer
-
-    make = impala_rl.trainer.make_actors
-    recent: deque[float] = deque(maxlen=100)
-
-    def make_and_watch(cfg, env_factory, model, seed=None, device="cpu"):
-        actors = make(cfg, env_factory, model, seed=seed, device=device)
-        feed = actors.recent_returns_since_last_call
-
-        def watched() -> list[float]:
-            returns = feed()
-            recent.extend(returns)
-            if recent and sum(recent) / len(recent) >= SOLVED_TRAIN_RETURN:
-                cfg.max_env_steps = 1  # stop after this update
-            return returns
-
-        actors.recent_returns_since_last_call = watched
-        return actors
-
-    monkeypatch.setattr(impala_rl.trainer, "make_actors", make_and_watch)
-    summary = impala_rl.train(
-        "cartpole",
-        [
-            "runner.backend=subprocess",
-            "seed=0",
-            f"max_env_steps={LEARNING_BUDGET}",
-            "target_return=null",
-            "log.console=false",
-            "log.tensorboard=false",
-        ],
-        run_dir=tmp_path / "run",
-    )
-    assert summary["env_steps"] <= LEARNING_BUDGET + 2 * 8 * 32  # at most one batch over
-    assert summary["train_return_recent"] >= SOLVED_TRAIN_RETURN, summary
 
 
 def test_fault_envs_importable_in_actor_processes():
