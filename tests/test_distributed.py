@@ -47,30 +47,32 @@ def test_every_learner_gets_the_leaders_decision(monkeypatch):
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
     identities = {0: "cuda|head|GPU-a", 1: "cuda|head|GPU-b", 2: "cuda|node2|GPU-a"}
     monkeypatch.setattr(distributed, "device_identity", lambda device: identities[device.index])
+    assert _agree_in_threads(3) == {0: "nccl", 1: "nccl", 2: "nccl"}
+    identities[1] = "cuda|head|GPU-a"  # a peer placed on the leader's GPU
+    assert _agree_in_threads(3) == {0: "gloo", 1: "gloo", 2: "gloo"}
+
+
+def _agree_in_threads(world_size: int) -> dict[int, str]:
+    """Each rank's :func:`agree_backend` in a thread of its own (the leader last), on one
+    store; the rank's device is ``cuda:rank``."""
     timeout = datetime.timedelta(seconds=60)
-    store = dist.TCPStore("127.0.0.1", 0, 3, True, timeout, wait_for_workers=False)
+    store = dist.TCPStore("127.0.0.1", 0, world_size, True, timeout, wait_for_workers=False)
     chosen: dict[int, str] = {}
 
     def learner(rank: int) -> None:
-        own = store if rank == 0 else dist.TCPStore("127.0.0.1", store.port, 3, False, timeout)
-        chosen[rank] = agree_backend(own, rank, 3, torch.device("cuda", rank))
+        own = (
+            store
+            if rank == 0
+            else dist.TCPStore("127.0.0.1", store.port, world_size, False, timeout)
+        )
+        chosen[rank] = agree_backend(own, rank, world_size, torch.device("cuda", rank))
 
-    threads = [threading.Thread(target=learner, args=(r,)) for r in (2, 1, 0)]
+    threads = [threading.Thread(target=learner, args=(r,)) for r in reversed(range(world_size))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert chosen == {0: "nccl", 1: "nccl", 2: "nccl"}
-    identities[1] = "cuda|head|GPU-a"  # a peer placed on the leader's GPU
-    store2 = dist.TCPStore("127.0.0.1", 0, 3, True, timeout, wait_for_workers=False)
-    store = store2
-    chosen.clear()
-    threads = [threading.Thread(target=learner, args=(r,)) for r in (1, 2, 0)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert chosen == {0: "gloo", 1: "gloo", 2: "gloo"}
+    return chosen
 
 
 def test_on_ray_the_leaders_gpu_is_held_so_further_learners_get_others(monkeypatch):
