@@ -17,11 +17,18 @@ Prints
 4. the share of the learner's update time (``time_update``) spent recording events in
    ``Trainer._record_update``.
 
+With ``--encoder package.module:Class`` it prints only a comparison: the target
+configuration (3.) with the built-in MLP and with that user encoder (``user_mlp:UserMLP``
+here builds the same layers with the same init), ``--runs`` pairs in ABBA order after a
+warm-up run; the ratio of
+the medians (user / built-in) is the cost of bringing your own network.
+
 Timings depend on whatever else runs on the machine; compare figures from one invocation.
 
     python benchmarks/throughput.py            # default: 3 runs of 1000000 env steps each
     python benchmarks/throughput.py --quick    # 1 run of 20480 env steps
     python benchmarks/throughput.py --only "2 actors" --raw-runs 1   # ray vs subprocess
+    python benchmarks/throughput.py --encoder user_mlp:UserMLP --runs 5 --steps 300000
 """
 
 from __future__ import annotations
@@ -166,6 +173,36 @@ def fmt(x: float) -> str:
     return f"{x:,.0f}"
 
 
+def compare_encoder(path: str, runs: int, steps: int) -> None:
+    """The target configuration with the built-in MLP, then with ``path``, ``runs`` times."""
+    overrides = dict(BACKENDS)[TARGET]
+    kinds = {"built-in mlp": "mlp", path: path}
+    print(f"{TARGET}, {steps} env steps per run, {runs} pair(s) in ABBA order, after a warm-up")
+    training_steps_per_second([*overrides, f"model.encoder={path}"], min(steps, 20480))
+    values: dict[str, list[float]] = {name: [] for name in kinds}
+    for i in range(runs):
+        for name, encoder in list(kinds.items())[:: 1 if i % 2 == 0 else -1]:
+            sps, summary = training_steps_per_second(
+                [*overrides, f"model.encoder={encoder}"], steps
+            )
+            values[name].append(sps)
+            print(
+                f"  pair {i + 1} {name:<20} {fmt(sps)} steps/s "
+                f"({summary['env_steps']} steps in {summary['wall_time_s']:.1f} s)"
+            )
+    for name, vs in values.items():
+        print(
+            f"{name:<22} median {fmt(statistics.median(vs))} steps/s "
+            f"(min {fmt(min(vs))}, max {fmt(max(vs))})"
+        )
+    ratios = [u / b for u, b in zip(values[path], values["built-in mlp"], strict=True)]
+    ratio = statistics.median(values[path]) / statistics.median(values["built-in mlp"])
+    print(
+        f"{path} / built-in mlp: {ratio:.3f} (target >= 0.97); per pair "
+        f"min {min(ratios):.3f}, max {max(ratios):.3f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=None, help="training runs per backend (3)")
@@ -179,9 +216,17 @@ def main(argv: list[str] | None = None) -> None:
         metavar="TEXT",
         help="train only the configurations whose name contains one of these (e.g. '2 actors')",
     )
+    parser.add_argument(
+        "--encoder",
+        metavar="PATH",
+        help="only compare the target configuration's built-in MLP with this user encoder",
+    )
     args = parser.parse_args(argv)
     runs = args.runs or (1 if args.quick else 3)
     steps = args.steps or (20480 if args.quick else 1_000_000)
+    if args.encoder:
+        compare_encoder(args.encoder, runs, steps)
+        return
     raw_runs = args.raw_runs or (2 if args.quick else 5)
     raw_steps = args.raw_steps or (30000 if args.quick else 100000)
     started = time.perf_counter()
