@@ -66,6 +66,10 @@ class LSTMCore(nn.Module):
         if x.ndim != 3:
             raise ValueError(f"LSTMCore needs a time-major input [T, B, F], got {tuple(x.shape)}")
         T, B = x.shape[0], x.shape[1]
+        if x.is_cuda:
+            # a deep copy (APPO's target, the evaluator's model) leaves cuDNN's weights apart,
+            # which it would then compact at every call; once here is a no-op when they are not
+            self.lstm.flatten_parameters()
         if state is None:
             state = self.initial_state(B, x.device)
         h, c = state
