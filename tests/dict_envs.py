@@ -4,6 +4,7 @@
 
 The reward is 1 when the action equals the ``direction`` entry (minus its start), so a policy
 that reads the Discrete entry can learn it; the image's top-left pixel repeats it.
+``dict_envs:make_keys_env`` is a structured env whose step keys observe Dicts.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from impala_rl.envs.structured import ActorID, StructuredEnv
 
 SPACE = spaces.Dict(
     {
@@ -52,3 +55,62 @@ class DictObsEnv(gym.Env):
 
 def make_env(length: int = 8) -> gym.Env:
     return DictObsEnv(length)
+
+
+KEY_SPACES = {
+    0: SPACE,  # MiniGrid's observation in small: image, direction, pos, mission
+    1: spaces.Dict(
+        {
+            "mode": spaces.Discrete(3),
+            "pos": spaces.Box(-1.0, 1.0, (2,), np.float32),
+            "action_mask": spaces.MultiBinary(3),
+        }
+    ),
+}
+
+
+class DictKeysEnv(StructuredEnv):
+    """A structured env whose two step keys observe Dicts, taking turns: key 0 is paid 1 for
+    the action equal to its ``direction`` entry (minus its start), key 1 for the action equal
+    to its ``mode`` entry, which its ``action_mask`` always allows together with one other.
+    Random actions earn ~0.375 a sub-step, a policy that reads the Discrete entries 1."""
+
+    def __init__(self, length: int = 8):
+        self.observation_spaces = dict(KEY_SPACES)
+        self.action_spaces = {0: spaces.Discrete(4), 1: spaces.Discrete(3)}
+        self.observation_space = self.observation_spaces[0]
+        self.action_space = self.action_spaces[0]
+        self.length = length
+        self.t = 0
+        self.target = 0
+
+    def actor_id(self) -> ActorID:
+        return ActorID(self.t % 2, 0)
+
+    def _obs(self) -> dict:
+        if self.t % 2 == 0:
+            direction = int(self.np_random.integers(1, 5))
+            self.target = direction - 1
+            image = np.zeros((5, 5, 3), np.uint8)
+            image[0, 0, :] = direction * 60
+            pos = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+            return {"image": image, "direction": direction, "pos": pos, "mission": "go"}
+        self.target = int(self.np_random.integers(0, 3))
+        mask = np.zeros(3, np.int8)
+        mask[[self.target, (self.target + 1) % 3]] = 1
+        pos = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        return {"mode": self.target, "pos": pos, "action_mask": mask}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.target)
+        self.t += 1
+        return self._obs(), reward, self.t >= self.length, False, {}
+
+
+def make_keys_env(length: int = 8) -> StructuredEnv:
+    return DictKeysEnv(length)

@@ -224,7 +224,8 @@ def update_observation_statistics(
         if "step_key" not in batch:
             norm.update(_obs_rows(batch, "obs", (slice(0, -1),)), combine)
         else:
-            norm.update(batch[f"obs_{k}"][:-1][batch["step_key"][:-1] == k], combine)
+            rows = batch["step_key"][:-1] == k
+            norm.update(map_obs(read_obs(batch, f"obs_{k}"), lambda x, r=rows: x[:-1][r]), combine)
 
 
 def _rows(x: torch.Tensor, selection: torch.Tensor | None) -> torch.Tensor:

@@ -86,7 +86,7 @@ class Policy:
         if self._key_observations is not None:
             step_key = self._step_key(step_key)
             x, mask = self._key_observations[step_key](obs)
-            x = torch.as_tensor(x).unsqueeze(0)
+            x = map_obs(as_obs(x), lambda t: t.unsqueeze(0))
             mask = None if mask is None else torch.as_tensor(mask).unsqueeze(0)
             batched = False
         else:

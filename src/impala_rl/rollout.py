@@ -64,7 +64,7 @@ import torch
 from impala_rl.envs import make_keyed_vector_env
 from impala_rl.envs.structured import SingleKeyVectorEnv
 from impala_rl.nn import Acted, Model, act
-from impala_rl.nn.observations import as_obs, entry_field, stack_obs, write_obs
+from impala_rl.nn.observations import Obs, as_obs, entry_field, map_obs, stack_obs, write_obs
 
 
 def allocate_fields(
@@ -299,7 +299,7 @@ class Decision:
     """One row of an agent column, kept by the actor until it is written into a slot."""
 
     key: int
-    obs: np.ndarray
+    obs: Obs  # [*o_k], or a Dict observation's entries
     mask: np.ndarray | None
     action: torch.Tensor
     log_prob: float = 0.0
@@ -486,7 +486,7 @@ class ActorLoop:
             self.closed[column].append(decision)
             self.open[column] = None
 
-    def _final_value(self, stream: int, key: int, obs: np.ndarray) -> float:
+    def _final_value(self, stream: int, key: int, obs: Any) -> float:
         """The acting policy's value of ``stream``'s final observation at truncation, which
         continues the agent's sequence (its core state and last inputs, no reset)."""
         extra = None
@@ -496,7 +496,8 @@ class ActorLoop:
         if self.core_state is not None:
             h, c = self.core_state
             state = (h[:, stream : stream + 1], c[:, stream : stream + 1])
-        return float(self.acting.value(key, torch.from_numpy(obs).unsqueeze(0), extra, state)[0])
+        batch = map_obs(as_obs(obs), lambda x: x.unsqueeze(0))
+        return float(self.acting.value(key, batch, extra, state)[0])
 
     def _last_inputs(self, stream: int) -> torch.Tensor:
         """What ``stream``'s next decision reads of its open one (action, reward since), zero
@@ -515,7 +516,7 @@ class ActorLoop:
             idx = np.flatnonzero(envs.step_key == k)
             if idx.size == 0:
                 continue
-            obs = torch.from_numpy(envs.obs[k][idx])
+            obs = as_obs(envs.obs[k], index=idx)
             mask = torch.from_numpy(envs.masks[k][idx]) if k in envs.masks else None
             streams = idx * A + envs.agent_id[idx]
             extra = None
@@ -537,7 +538,7 @@ class ActorLoop:
                 self._close(column)  # its segment ends at this decision
                 self.open[column] = Decision(
                     k,
-                    obs[j].numpy().copy(),
+                    map_obs(obs, lambda x, j=j: x[j].clone()),
                     None if mask is None else mask[j].numpy().copy(),
                     action[j].clone(),
                     float(log_prob[j]),
@@ -583,7 +584,7 @@ class ActorLoop:
             rows.append(bootstrap)
         for t, d in enumerate(rows):
             obs_field, action_field, mask_field = self.fields[d.key]
-            slot[obs_field][t, column] = torch.from_numpy(d.obs)
+            write_obs(slot, obs_field, (t, column), d.obs)
             if d.mask is not None:
                 slot[mask_field][t, column] = torch.from_numpy(d.mask)
             slot[action_field][t, column] = d.action

@@ -1,6 +1,6 @@
 """The bottom of :mod:`impala_rl.envs`: its error type and the model's view of a space.
 
-A plain env's observation reaches the model as one ``Box`` (an image stays ``uint8``, anything
+An observation reaches the model as one ``Box`` (an image stays ``uint8``, anything
 else becomes a float32 vector), or, for a ``Dict`` observation, as a ``Dict`` that keeps its
 structure (:func:`dict_model_space`): an image entry stays a ``uint8`` image (channels first),
 a ``Discrete`` entry an index, every other entry a float32 vector; ``Text`` entries are left
@@ -104,38 +104,39 @@ def dict_model_space(space: spaces.Dict) -> tuple[spaces.Dict, list[str]]:
 
 
 def keeps_structure(space: spaces.Space) -> bool:
-    """Whether a plain env's observation space reaches the model as a ``Dict``."""
+    """Whether an observation space reaches the model as a ``Dict``."""
     return isinstance(space, spaces.Dict)
 
 
-class ModelObservation(gym.ObservationWrapper):
-    """Presents any observation as the model takes it: the ``Box`` of
-    :func:`model_observation_space`, or for a Dict observation the ``Dict`` of
-    :func:`dict_model_space` (a dict of numpy arrays)."""
+class ObservationConverter:
+    """One observation space as the model takes it (``space``): the ``Box`` of
+    :func:`model_observation_space`, or for a Dict the ``Dict`` of :func:`dict_model_space`
+    (``dropped``: the entries it leaves out). Called on an observation, it returns the model's
+    form: an array, or a dict of arrays."""
 
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self._source = env.observation_space
+    def __init__(self, source: spaces.Space):
+        self.source = source
         self.dropped: list[str] = []
         self._entries: dict[str, spaces.Space] = {}
-        if keeps_structure(self._source):
-            self.observation_space, self.dropped = dict_model_space(self._source)
-            self._entries = dict(self._source.spaces)
+        self.space: spaces.Space
+        if keeps_structure(source):
+            self.space, self.dropped = dict_model_space(source)  # type: ignore[arg-type]
+            self._entries = dict(source.spaces)  # type: ignore[attr-defined]
         else:
-            self.observation_space = model_observation_space(env.observation_space)
-        self._identity = self.observation_space is self._source
+            self.space = model_observation_space(source)
+        self.identity = self.space is source
 
-    def observation(self, observation: Any) -> Any:
-        if self._identity:
+    def __call__(self, observation: Any) -> Any:
+        if self.identity:
             return observation
         if self._entries:
             return {
                 name: self._entry(self._entries[name], sub, observation[name])
-                for name, sub in self.observation_space.spaces.items()
+                for name, sub in self.space.spaces.items()  # type: ignore[attr-defined]
             }
-        if isinstance(self._source, spaces.Box):
+        if isinstance(self.source, spaces.Box):
             return np.asarray(observation, dtype=np.float32).reshape(-1)
-        return spaces.flatten(self._source, observation).astype(np.float32)
+        return spaces.flatten(self.source, observation).astype(np.float32)
 
     @staticmethod
     def _entry(source: spaces.Space, target: spaces.Space, value: Any) -> np.ndarray:
@@ -148,6 +149,21 @@ class ModelObservation(gym.ObservationWrapper):
         if isinstance(source, spaces.Box):
             return np.asarray(value, dtype=np.float32).reshape(-1)
         return spaces.flatten(source, value).astype(np.float32)
+
+
+class ModelObservation(gym.ObservationWrapper):
+    """Presents a plain env's observations as the model takes them
+    (:class:`ObservationConverter`)."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._convert = ObservationConverter(env.observation_space)
+        self.observation_space = self._convert.space
+        self.dropped = self._convert.dropped
+        self._identity = self._convert.identity
+
+    def observation(self, observation: Any) -> Any:
+        return self._convert(observation)
 
 
 def log_dropped_entries(env: gym.Env, env_id: str) -> None:

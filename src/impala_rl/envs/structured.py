@@ -22,8 +22,8 @@ The protocol, in Gymnasium terms:
   whether the actor that made that step takes no more decisions in this episode (an agent
   eliminated while the others play on). It defaults to ``False``.
 - A ``Dict`` observation with an ``action_mask`` entry (``[n]`` of 0/1 for a ``Discrete(n)``
-  action space) restricts that sub-step's policy to the legal actions; the other entries are
-  flattened for the network.
+  action space) restricts that sub-step's policy to the legal actions. The other entries reach
+  the network as a plain env's Dict does, an encoder each (one entry left: as that entry).
 
 A plain Gymnasium env is the case of one agent whose step key 0 decides at every step:
 :class:`SingleKeyVectorEnv` presents a plain vector env under :class:`StructuredVectorEnv`'s
@@ -39,7 +39,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from impala_rl.envs.spaces import EnvError, model_observation_space
+from impala_rl.envs.spaces import EnvError, ObservationConverter
 
 ACTION_MASK = "action_mask"
 
@@ -83,10 +83,11 @@ def is_structured(env: Any) -> bool:
 
 
 class KeyObservation:
-    """Converts one step key's observations to the model's form: a ``Box`` plus a mask.
+    """Converts one step key's observations to the model's form plus a mask.
 
-    ``space`` is the model's observation space of the key; ``mask_size`` is the number of
-    actions of its ``action_mask`` (``None`` without one).
+    ``space`` is the model's observation space of the key (a ``Box``, or a ``Dict`` that keeps
+    its entries: :class:`~impala_rl.envs.spaces.ObservationConverter`); ``mask_size`` is the
+    number of actions of its ``action_mask`` (``None`` without one).
     """
 
     def __init__(self, source: spaces.Space, key: int):
@@ -102,21 +103,36 @@ class KeyObservation:
         if isinstance(rest, spaces.Dict) and not rest.spaces:
             raise EnvError(f"observation_spaces[{key}] has nothing but an action_mask")
         self.rest = rest
-        self.space = model_observation_space(rest)
-        self._identity = self.space is rest
+        self._convert = ObservationConverter(rest)
+        self.space = self._convert.space
+        self.dropped = self._convert.dropped
 
-    def __call__(self, obs: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    def __call__(self, obs: Any) -> tuple[Any, np.ndarray | None]:
+        """The model's form of ``obs`` (an array, or a dict of arrays) and its mask."""
         mask = None
         if self.mask_size is not None:
             mask = np.asarray(obs[ACTION_MASK]).reshape(-1).astype(bool)
             obs = {k: v for k, v in obs.items() if k != ACTION_MASK}
-            if isinstance(self.rest, spaces.Box) or not isinstance(self.rest, spaces.Dict):
+            if not isinstance(self.rest, spaces.Dict):
                 obs = next(iter(obs.values()))
-        if self._identity:
-            return np.asarray(obs), mask
-        if isinstance(self.rest, spaces.Box):
-            return np.asarray(obs, dtype=np.float32).reshape(-1), mask
-        return spaces.flatten(self.rest, obs).astype(np.float32), mask
+        converted = self._convert(obs)
+        return converted if isinstance(converted, dict) else np.asarray(converted), mask
+
+
+def _zeros(n: int, space: spaces.Space) -> Any:
+    """``[n, *o]`` zeros of a model space: an array, or a dict of them for a ``Dict``."""
+    if isinstance(space, spaces.Dict):
+        return {name: _zeros(n, sub) for name, sub in space.spaces.items()}
+    return np.zeros((n, *space.shape), dtype=space.dtype)
+
+
+def _put(into: Any, i: int, obs: Any) -> None:
+    """``into[i] = obs``, per entry for a Dict observation."""
+    if isinstance(into, dict):
+        for name, value in into.items():
+            value[i] = obs[name]
+    else:
+        into[i] = obs
 
 
 class StructuredVectorEnv:
@@ -124,7 +140,8 @@ class StructuredVectorEnv:
 
     After :meth:`reset` and every :meth:`step`, ``step_key[i]`` / ``agent_id[i]`` say who acts
     next in env ``i`` and ``obs[k][i]`` (``[N, *o_k]``) / ``masks[k][i]`` (``[N, n_k]``) hold
-    its observation in the slot of its step key; the entries of other keys are stale.
+    its observation in the slot of its step key (a dict of such arrays for a key whose
+    observation is a Dict); the entries of other keys are stale.
     """
 
     def __init__(self, factories: Sequence[Callable[[], gym.Env]]):
@@ -136,9 +153,7 @@ class StructuredVectorEnv:
         self.n_agents = int(first.n_agents)
         self.key_obs = {k: KeyObservation(first.observation_spaces[k], k) for k in self.step_keys}
         self.action_spaces = dict(first.action_spaces)
-        self.obs = {
-            k: np.zeros((n, *c.space.shape), dtype=c.space.dtype) for k, c in self.key_obs.items()
-        }
+        self.obs = {k: _zeros(n, c.space) for k, c in self.key_obs.items()}
         self.masks = {
             k: np.ones((n, c.mask_size), dtype=bool)
             for k, c in self.key_obs.items()
@@ -146,7 +161,7 @@ class StructuredVectorEnv:
         }
         self.step_key = np.zeros(n, dtype=np.int64)
         self.agent_id = np.zeros(n, dtype=np.int64)
-        self.final_obs: dict[int, dict[int, tuple[int, np.ndarray, np.ndarray | None]]] = {}
+        self.final_obs: dict[int, dict[int, tuple[int, Any, np.ndarray | None]]] = {}
         """After :meth:`step`: env -> agent -> ``(step_key, obs, mask)`` where truncated."""
         self.single_observation_space = self.key_obs[self.step_keys[0]].space
         self.single_action_space = self.action_spaces[self.step_keys[0]]
@@ -162,8 +177,8 @@ class StructuredVectorEnv:
             raise EnvError(
                 f"env {i}: actor_id() returned agent_id {agent!r}; valid: 0..{self.n_agents - 1}"
             )
-        array, mask = self.key_obs[key](obs)
-        self.obs[key][i] = array
+        converted, mask = self.key_obs[key](obs)
+        _put(self.obs[key], i, converted)
         if mask is not None:
             self.masks[key][i] = mask
         self.step_key[i] = key
@@ -225,7 +240,7 @@ class StructuredVectorEnv:
             truncated[i] = trunc
         return rewards, terminated, truncated, actor_done, final_infos
 
-    def _final_observations(self, env: Any) -> dict[int, tuple[int, np.ndarray, np.ndarray | None]]:
+    def _final_observations(self, env: Any) -> dict[int, tuple[int, Any, np.ndarray | None]]:
         finals = {}
         for agent in range(self.n_agents):
             final = env.final_observation(agent)
@@ -255,7 +270,7 @@ class SingleKeyVectorEnv:
         self.agent_id = np.zeros(n, dtype=np.int64)
         self.obs: dict[int, np.ndarray] = {}
         self.masks: dict[int, np.ndarray] = {}
-        self.final_obs: dict[int, dict[int, tuple[int, np.ndarray, np.ndarray | None]]] = {}
+        self.final_obs: dict[int, dict[int, tuple[int, Any, np.ndarray | None]]] = {}
         self.single_observation_space = envs.single_observation_space
         self.single_action_space = envs.single_action_space
 

@@ -32,7 +32,7 @@ from impala_rl.nn.distributions import (
 from impala_rl.nn.encoders import make_encoder
 from impala_rl.nn.init import VALUE_HEAD
 from impala_rl.nn.keyed import KeyedActorCritic
-from impala_rl.nn.normalization import DictObsNorm, RunningObsNorm
+from impala_rl.nn.normalization import DictObsNorm, RunningObsNorm, obs_norm_for
 from impala_rl.nn.popart import PopArtValueHead
 
 __all__ = ["PRECISIONS", "ActorCritic"]
@@ -117,16 +117,7 @@ class ActorCritic(KeyedActorCritic):
         self.entry_shapes: dict[str, tuple[int, ...]] = {}
         if isinstance(observation_space, gymnasium.spaces.Dict):
             self.entry_shapes = {k: tuple(s.shape) for k, s in observation_space.spaces.items()}
-            vectors = {
-                k: s.shape
-                for k, s in observation_space.spaces.items()
-                if isinstance(s, gymnasium.spaces.Box) and s.dtype == np.float32
-            }
-            if normalize_obs and not vectors:
-                raise ValueError(
-                    "normalize_obs normalizes vector entries; this Dict observation has none "
-                    f"({', '.join(self.entry_shapes)}); set model.normalize_obs=false"
-                )
+        norm = obs_norm_for(observation_space) if normalize_obs else None
         if core not in CORES:
             raise ValueError(f"unknown core {core!r}; valid: {', '.join(CORES)}")
         if precision not in PRECISIONS:
@@ -167,11 +158,7 @@ class ActorCritic(KeyedActorCritic):
             sizes = sizes or hidden_sizes
             return make_encoder(kind, self.obs_shape, sizes, activation, space, kwargs, field)
 
-        self.obs_norm: RunningObsNorm | DictObsNorm | None = None
-        if normalize_obs:
-            self.obs_norm = (
-                DictObsNorm(vectors) if self.entry_shapes else RunningObsNorm(self.obs_shape)
-            )
+        self.obs_norm: RunningObsNorm | DictObsNorm | None = norm
         self.policy_torso = torso(
             encoder, encoder_kwargs, actor_hidden_sizes, "model.encoder", policy_space
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import gymnasium as gym
@@ -72,11 +73,19 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
     for key in ("policy_obs_keys", "value_obs_keys"):
         if getattr(model_cfg, key) is not None:
             raise ConfigError(
-                f"model.{key}: a structured env's observations are flattened per step key; "
-                "valid: null"
+                f"model.{key}: selects entries of a plain env's Dict observation; a structured "
+                "env's step keys each read their whole observation; valid: null"
             )
     check_structured_env(env)
     converters = {k: KeyObservation(s, k) for k, s in env.observation_spaces.items()}
+    for k, converter in converters.items():
+        if converter.dropped:
+            logging.getLogger(__name__).warning(
+                "step key %d: the observation entries %s are not numbers; the model does not "
+                "read them",
+                k,
+                ", ".join(converter.dropped),
+            )
     try:
         model = StructuredActorCritic(
             {k: c.space for k, c in converters.items()},

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+import gymnasium
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -81,3 +83,21 @@ class DictObsNorm(nn.Module):
 
     def forward(self, x: Mapping[str, Tensor]) -> dict[str, Tensor]:
         return {k: self.norms[k](v) if k in self.norms else v for k, v in x.items()}
+
+
+def obs_norm_for(space: gymnasium.Space) -> RunningObsNorm | DictObsNorm:
+    """The statistics ``normalize_obs`` keeps for observations of ``space``: one
+    :class:`RunningObsNorm` for a ``Box``, one per vector (float32) entry of a ``Dict``."""
+    if not isinstance(space, gymnasium.spaces.Dict):
+        return RunningObsNorm(tuple(space.shape or ()))
+    vectors = {
+        k: s.shape
+        for k, s in space.spaces.items()
+        if isinstance(s, gymnasium.spaces.Box) and s.dtype == np.float32
+    }
+    if not vectors:
+        raise ValueError(
+            "normalize_obs normalizes vector entries; this Dict observation has none "
+            f"({', '.join(space.spaces)}); set model.normalize_obs=false"
+        )
+    return DictObsNorm(vectors)

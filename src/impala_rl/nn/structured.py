@@ -3,7 +3,8 @@ step key or one shared, and an optional LSTM core that every key's encoder feeds
 
 With a core an agent's decisions form one sequence whatever their step keys (a column of
 :class:`~impala_rl.rollout.RolloutSpec`): each key's encoder turns its observation
-into features of one width, the core runs along the column, and each key's action head and
+into features of one width (through a linear layer per key where the encoders' widths
+differ, as Dict keys' do), the core runs along the column, and each key's action head and
 critic read the core's output.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 import torch
+from gymnasium.spaces import Dict as DictSpace
 from torch import Tensor, nn
 
 from impala_rl.config import CORES, CRITIC_MODES, PRECISIONS
@@ -30,16 +32,17 @@ from impala_rl.nn.distributions import (
 from impala_rl.nn.encoders import MLPEncoder, make_encoder
 from impala_rl.nn.init import VALUE_HEAD
 from impala_rl.nn.keyed import KeyedActorCritic
-from impala_rl.nn.normalization import RunningObsNorm
+from impala_rl.nn.normalization import DictObsNorm, RunningObsNorm, obs_norm_for
+from impala_rl.nn.observations import Obs, any_tensor
 from impala_rl.nn.popart import PopArtValueHead
 
 
-def _encode(torso: nn.Module, obs: Tensor, precision: str) -> Tensor:
+def _encode(torso: nn.Module, obs: Obs, precision: str) -> Tensor:
     """The torso's features in float32; with ``precision="bf16"`` the torso runs under bf16
     autocast (weights stay float32), as :class:`impala_rl.nn.ActorCritic`'s encoder does."""
     if precision != "bf16":
         return torso(obs)
-    with torch.autocast(obs.device.type, dtype=torch.bfloat16):
+    with torch.autocast(any_tensor(obs).device.type, dtype=torch.bfloat16):
         return torso(obs).float()
 
 
@@ -49,11 +52,12 @@ def _with(features: Tensor, extra: Tensor | None) -> Tensor:
 
 
 class PolicyNet(nn.Module):
-    """Encoder and action head for one step key's observation ``[*batch, *o_k]``."""
+    """Encoder and action head for one step key's observation ``[*batch, *o_k]`` (a Dict
+    observation: ``{entry: [*batch, *o_entry]}``, an encoder per entry)."""
 
     def __init__(
         self,
-        observation_space: gymnasium.spaces.Box,
+        observation_space: gymnasium.spaces.Box | gymnasium.spaces.Dict,
         action_space: gymnasium.Space,
         hidden_sizes: Sequence[int],
         activation: str,
@@ -65,7 +69,7 @@ class PolicyNet(nn.Module):
     ):
         super().__init__()
         self.precision = precision
-        self.obs_shape = tuple(observation_space.shape)
+        self.obs_shape = tuple(observation_space.shape or ())
         self.torso = make_encoder(
             encoder, self.obs_shape, hidden_sizes, activation, observation_space, encoder_kwargs
         )
@@ -74,7 +78,7 @@ class PolicyNet(nn.Module):
         )
 
     def forward(
-        self, obs: Tensor, action_mask: Tensor | None = None, extra: Tensor | None = None
+        self, obs: Obs, action_mask: Tensor | None = None, extra: Tensor | None = None
     ) -> ActionDistribution:
         return self.head(_with(_encode(self.torso, obs, self.precision), extra), action_mask)
 
@@ -113,7 +117,7 @@ class ValueNet(nn.Module):
         nn.init.zeros_(out.bias)
         setattr(out, VALUE_HEAD, True)
 
-    def forward(self, obs: Tensor, extra: Tensor | None = None) -> Tensor:
+    def forward(self, obs: Obs, extra: Tensor | None = None) -> Tensor:
         return self.head(_with(_encode(self.torso, obs, self.precision), extra)).squeeze(-1)
 
 
@@ -121,16 +125,17 @@ class StructuredActorCritic(KeyedActorCritic):
     """Policies and critics for the step keys ``0..K-1`` of a structured env.
 
     ``shared_policy`` uses one policy network for every key (their observation and action
-    spaces must be equal). ``critic="per_step_key"`` gives each key its own critic (critic key
-    = step key); ``critic="shared"`` is one critic (critic key 0) over every key's observation,
-    flattened, zero-padded to the widest key and followed by a one-hot of the step key.
-    ``shared_torso`` gives each per-key critic its policy's encoder (``critic="per_step_key"``
-    only); ``core="lstm"`` puts one LSTM between every key's encoder (their widths must be
-    equal) and the heads, along each agent's decisions (needs ``shared_torso``);
-    ``precision="bf16"`` runs the encoders under bf16 autocast; ``channels_last``
-    stores image encoders' activations channels-last. ``normalize_obs`` keeps running
-    statistics per step key (:class:`~impala_rl.nn.normalization.RunningObsNorm`, updated by
-    the learner) and normalizes each key's observations before its policy and critic;
+    spaces must be equal). A key whose observation is a ``Dict`` gets an encoder per entry, as a
+    plain env's model does. ``critic="per_step_key"`` gives each key its own critic (critic key
+    = step key); ``critic="shared"`` is one critic (critic key 0) over every key's observation
+    (Box keys only), flattened, zero-padded to the widest key and followed by a one-hot of the
+    step key. ``shared_torso`` gives each per-key critic its policy's encoder
+    (``critic="per_step_key"`` only); ``core="lstm"`` puts one LSTM between every key's
+    encoder and the heads, along each agent's decisions (needs
+    ``shared_torso``); ``precision="bf16"`` runs the encoders under bf16 autocast;
+    ``channels_last`` stores image encoders' activations channels-last. ``normalize_obs``
+    keeps running statistics per step key (per vector entry of a Dict key; updated by the
+    learner) and normalizes each key's observations before its policy and critic;
     ``popart_beta`` gives every critic a PopArt head with its own statistics.
     ``use_last_action_reward`` feeds every head (or the core) the agent's previous decision
     next to the features: its action one-hot (or flat) in the block of its step key, zeros in
@@ -254,7 +259,7 @@ class StructuredActorCritic(KeyedActorCritic):
                         if shared_torso
                         else make_encoder(
                             value_encoder or encoder,
-                            tuple(observation_spaces[k].shape),
+                            tuple(observation_spaces[k].shape or ()),
                             critic_sizes,
                             activation,
                             observation_spaces[k],
@@ -272,6 +277,12 @@ class StructuredActorCritic(KeyedActorCritic):
         else:
             if encoder != "mlp":
                 raise ValueError(f"critic=shared needs encoder=mlp, got encoder={encoder!r}")
+            dicts = [k for k in self.step_keys if isinstance(observation_spaces[k], DictSpace)]
+            if dicts:
+                raise ValueError(
+                    f"critic=shared flattens every key's observation into one vector; step "
+                    f"keys {dicts} observe a Dict: use critic=per_step_key"
+                )
             self.critic_keys = [0]
             dims = {k: int(np.prod(observation_spaces[k].shape)) for k in self.step_keys}
             self._obs_dims = dims
@@ -285,18 +296,18 @@ class StructuredActorCritic(KeyedActorCritic):
             if encoder != "mlp":
                 raise ValueError(f"normalize_obs needs encoder=mlp, got encoder={encoder!r}")
             self.obs_norms = nn.ModuleDict(
-                {str(k): RunningObsNorm(observation_spaces[k].shape) for k in self.step_keys}
+                {str(k): obs_norm_for(observation_spaces[k]) for k in self.step_keys}
             )
         self.core: LSTMCore | None = None
+        self.core_inputs: nn.ModuleDict | None = None
         if core != "none":
             widths = {k: self._policy_net(k).torso.out_features for k in self.step_keys}
-            if len(set(widths.values())) != 1:
-                raise ValueError(
-                    f"core={core!r} needs every step key's encoder to give features of one "
-                    f"width, got {widths}"
+            width = max(widths.values())
+            if len(set(widths.values())) != 1:  # e.g. Dict keys: a linear layer each, to one width
+                self.core_inputs = nn.ModuleDict(
+                    {str(k): nn.Linear(w, width) for k, w in widths.items()}
                 )
-            width = next(iter(widths.values())) + self.extra_features
-            self.core = LSTMCore(width, lstm_hidden_size, precision)
+            self.core = LSTMCore(width + self.extra_features, lstm_hidden_size, precision)
         if channels_last:
             for module in self.modules():
                 if module is not self and hasattr(module, "use_channels_last"):
@@ -308,11 +319,11 @@ class StructuredActorCritic(KeyedActorCritic):
     def action_head(self, step_key: int) -> ActionHead:
         return self._policy_net(step_key).action_head
 
-    def observation_normalizer(self, step_key: int) -> RunningObsNorm | None:
+    def observation_normalizer(self, step_key: int) -> RunningObsNorm | DictObsNorm | None:
         """The running statistics ``normalize_obs`` keeps for step key ``step_key``."""
         return None if self.obs_norms is None else self.obs_norms[str(step_key)]  # type: ignore[return-value]
 
-    def normalized(self, step_key: int, obs: Tensor) -> Tensor:
+    def normalized(self, step_key: int, obs: Obs) -> Obs:
         """``obs`` as step key ``step_key``'s policy and critic read it (``normalize_obs``)."""
         norm = self.observation_normalizer(step_key)
         return obs if norm is None else norm(obs)
@@ -393,6 +404,8 @@ class StructuredActorCritic(KeyedActorCritic):
         last action/reward inputs when the model reads them: the core's input."""
         net = self._policy_net(step_key)
         features = _encode(net.torso, self.normalized(step_key, obs), net.precision).float()
+        if self.core_inputs is not None:
+            features = self.core_inputs[str(step_key)](features)
         return _with(features, self._extra(extra, obs))
 
     def heads(
@@ -410,18 +423,28 @@ class StructuredActorCritic(KeyedActorCritic):
         """Step key ``step_key``'s action distribution for core outputs ``features [*batch, H]``."""
         return self._policy_net(step_key).head(features, action_mask)
 
+    def _core_parameters(self, key: int | None) -> list[nn.Parameter]:
+        """The core's parameters, and key ``key``'s layer into it (every key's for ``None``)."""
+        if self.core is None:
+            return []
+        inputs: list[nn.Parameter] = []
+        if self.core_inputs is not None:
+            layers = self.core_inputs if key is None else self.core_inputs[str(key)]
+            inputs = list(layers.parameters())
+        return [*inputs, *self.core.parameters()]
+
     def policy_parameters(self, step_key: int | None = None) -> list[nn.Parameter]:
         """Parameters of step key ``step_key``'s policy (all policies when ``None``); the core
-        is in every key's."""
-        core = [] if self.core is None else list(self.core.parameters())
+        (and the key's layer into it) is in every key's."""
+        core = self._core_parameters(step_key)
         if step_key is None:
             return [*self.policies.parameters(), *core]
         return [*self._policy_net(step_key).parameters(), *core]
 
     def critic_parameters(self, critic_key: int | None = None) -> list[nn.Parameter]:
         """Parameters of critic ``critic_key`` (all critics when ``None``); with a core, the
-        core too."""
-        core = [] if self.core is None else list(self.core.parameters())
+        core too (and the key's layer into it)."""
+        core = self._core_parameters(critic_key)
         if critic_key is None:
             return [*self.critics.parameters(), *core]
         return [*self.critics[str(critic_key)].parameters(), *core]
