@@ -125,12 +125,15 @@ def test_a_dict_env_trains_with_a_core_evaluates_and_its_policy_acts_on_raw_obse
     assert 0 <= int(policy.act(raw)) < 4
 
 
-def test_a_dict_env_acts_under_central_inference(tmp_path):
+@pytest.mark.parametrize("env_id", ["dict_envs:make_env", "dict_envs:make_keys_env"])
+def test_a_dict_env_acts_under_central_inference(tmp_path, env_id):
+    """A plain env's Dict and a structured env's Dict step keys, through the request buffers."""
     summary = impala_rl.train(
         "cartpole",
         [
             *FAST,
             *ENV,
+            f"env.id={env_id}",
             "runner.backend=subprocess",
             "runner.inference=central",
             "max_env_steps=1500",
