@@ -1,8 +1,8 @@
-"""Regenerate the README's config reference and event table from the code.
+"""Regenerate the config reference and the event table (``docs/reference.md``) from the code.
 
-    python scripts/readme_tables.py     # rewrites README.md between the table markers
+    python scripts/readme_tables.py     # rewrites docs/reference.md between the table markers
 
-``tests/test_readme.py`` fails when a config key or an event is missing from the README.
+``tests/test_readme.py`` fails when a config key or an event is missing from that page.
 """
 
 from __future__ import annotations
@@ -82,16 +82,16 @@ def replace_between(text: str, marker: str, body: str) -> str:
         rf"(<!-- {marker} start -->\n).*?(\n<!-- {marker} end -->)", flags=re.DOTALL
     )
     if not pattern.search(text):
-        raise SystemExit(f"README.md lacks the <!-- {marker} start/end --> markers")
+        raise SystemExit(f"docs/reference.md lacks the <!-- {marker} start/end --> markers")
     return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
 
 
 def main() -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    page = ROOT / "docs" / "reference.md"
+    text = page.read_text()
     text = replace_between(text, "config-table", config_table())
     text = replace_between(text, "event-table", event_table())
-    readme.write_text(text)
+    page.write_text(text)
 
 
 if __name__ == "__main__":
