@@ -80,8 +80,9 @@ def new_shm_entries(before: set[str], our_pids: set[int]) -> set[str]:
         ) not in our_pids
 
     new = {n for n in shm_entries() - before if not foreign(n)}
-    if new:
-        time.sleep(1.0)
+    deadline = time.monotonic() + 30  # removal may lag on a busy machine: a leak stays
+    while new and time.monotonic() < deadline:
+        time.sleep(0.1)
         new &= shm_entries()
     return new
 
