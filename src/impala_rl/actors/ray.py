@@ -36,8 +36,10 @@ from __future__ import annotations
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -213,6 +215,9 @@ class RayDistributedActors(ActorSupervisor[_Actor, dict[str, np.ndarray]]):
         if self.address is None:
             paths = [p for p in sys.path if p and os.path.isdir(p)]
             os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        # ray.init puts its own SIGTERM handler (a sys.exit) in place of the run's, which stops
+        # after the update in flight with a checkpoint (impala_rl.stopping): keep the run's.
+        sigterm = signal.getsignal(signal.SIGTERM)
         try:
             ray.init(**kwargs)
         except ConnectionError as exc:
@@ -224,6 +229,8 @@ class RayDistributedActors(ActorSupervisor[_Actor, dict[str, np.ndarray]]):
                 os.environ.pop("PYTHONPATH", None)
             else:
                 os.environ["PYTHONPATH"] = saved
+            if sigterm is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, sigterm)
         self._owns_ray = True
         if self.address is None:
             self._watchdog = start_watchdog()
