@@ -8,7 +8,8 @@ Builds the preset's model and learner for Atari frames (synthetic uint8 ``[4, 84
 actions; no env, no actors) and a batch of ``actors_batch_size * envs_per_actor`` columns of
 ``n_rollout_steps``, then times what the trainer does per batch: ``num_passes`` passes of
 ``num_minibatches`` optimizer steps (``Learner.minibatches``, ``Learner.update``), the weights
-published to shared memory after every step as the subprocess backend does. Prints the median
+published to shared memory as the subprocess backend does (after every
+``broadcast_every``-th step and the batch's last). Prints the median
 and spread (min-max) over ``--repeats`` batches after ``--warmup``. To compare code, run it
 with each version on ``PYTHONPATH`` in the same session and take the ratio of the medians.
 """
@@ -50,16 +51,21 @@ def main() -> None:
     batch = batch_for(alg.n_rollout_steps, columns, FRAME, N_ACTIONS)
     batch = {k: v.to(device) for k, v in batch.items()}
 
+    steps = alg.num_passes * alg.num_minibatches
+    every = alg.broadcast_every or steps
+
     def one_batch() -> None:
+        taken = 0
         for n in range(alg.num_passes):
             for block in learner.minibatches(batch):
                 learner.update(block, fresh=n == 0)
-                weights.publish(learner.model.state_dict(), learner.num_updates)
+                taken += 1
+                if taken % every == 0 or taken == steps:
+                    weights.publish(learner.model.state_dict(), learner.num_updates)
 
     for _ in range(args.warmup):
         one_batch()
     times = [1e3 * t for t in timed(one_batch, args.repeats, device)]
-    steps = alg.num_passes * alg.num_minibatches
     median = statistics.median(times)
     print(
         f"{args.preset} {' '.join(args.overrides)}: {columns} columns x {alg.n_rollout_steps} "

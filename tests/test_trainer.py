@@ -429,3 +429,50 @@ def test_num_passes_two_still_solves_cartpole(tmp_path):
     # V-trace's scan changed its rounding).
     summary = _train(tmp_path, "algorithm.num_passes=2", "max_env_steps=40000")
     assert summary["stopped_because"] == "target_return", summary
+
+
+@pytest.mark.parametrize(
+    ("every", "expected"),
+    [("1", [1, 2, 3, 4, 5, 6, 7, 8]), ("3", [3, 4, 7, 8]), ("null", [4, 8])],
+)
+def test_broadcast_every_publishes_every_kth_step_and_each_batchs_last(tmp_path, every, expected):
+    """Two batches of 2 passes x 2 minibatches: the weights go out at every ``every``-th step
+    of a batch and at its last, stamped with the optimizer steps so far, and the lag the
+    learner measures is against those versions."""
+    from impala_rl.actors import SequentialDistributedActors
+
+    sent: list[int | None] = []
+    seen: list[int] = []
+    broadcast, update = SequentialDistributedActors.broadcast_updated_policy, Learner.update
+
+    def spy_broadcast(self, state_dict, version=None):
+        sent.append(version)
+        return broadcast(self, state_dict, version)
+
+    def spy_update(self, batch, train_policy=True, fresh=True):
+        seen.extend(int(v) for v in batch["policy_version"].unique())
+        stats = update(self, batch, train_policy=train_policy, fresh=fresh)
+        behind = self.num_updates - 1 - batch["policy_version"]  # measured before the step
+        assert stats.policy_lag == behind.tolist()
+        return stats
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SequentialDistributedActors, "broadcast_updated_policy", spy_broadcast)
+        mp.setattr(Learner, "update", spy_update)
+        _train(
+            tmp_path,
+            "algorithm.num_passes=2",
+            "algorithm.num_minibatches=2",
+            f"algorithm.broadcast_every={every}",
+            "algorithm.n_epochs=1",
+            "algorithm.epoch_length=2",
+            "target_return=null",
+        )
+    assert sent == expected
+    assert set(seen) <= {0, *expected}  # the actors acted only with broadcast weights
+    assert max(seen) > 0
+
+
+def test_broadcast_every_must_be_a_positive_step_count():
+    with pytest.raises(impala_rl.config.ConfigError, match=r"algorithm\.broadcast_every"):
+        load_config("cartpole", ["algorithm.broadcast_every=0"])

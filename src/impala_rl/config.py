@@ -135,6 +135,12 @@ class ImpalaAlgorithmConfig:
     learner, fp32, not in burn-in. ``false``: always eager."""
     queue_out_of_sync_factor: float = 1.0
     """At most ``factor * actors_batch_size`` finished rollouts wait for the learner."""
+    broadcast_every: int | None = 1
+    """Optimizer steps between two weight broadcasts to the actors (or inference servers)
+    within a batch; a batch's last step always broadcasts, so ``null`` is once per batch.
+    Fewer broadcasts copy the weights out less often (a GPU learner: a device-to-host copy
+    each) and the actors act with weights up to that many steps older; versions count
+    optimizer steps either way, so the policy lag V-trace and the events see stays exact."""
     actors_batch_size: int = 2
     """Rollouts (one per actor unroll) gathered into one learner batch."""
     num_actors: int = 2
@@ -640,6 +646,7 @@ RULES: dict[str, Rule] = {
     "algorithm.adv_mode": one_of(ADV_MODES),
     "algorithm.reward_clipping": one_of(REWARD_CLIPPING_MODES),
     "algorithm.max_policy_lag": at_least(0, integer=True, nullable=True),
+    "algorithm.broadcast_every": at_least(1, integer=True, nullable=True),
     "algorithm.num_passes": at_least(1, integer=True),
     "algorithm.num_learners": at_least(1, integer=True),
     "algorithm.num_minibatches": at_least(1, integer=True),

@@ -25,7 +25,14 @@ import torch
 from impala_rl import checkpoint
 from impala_rl.actors import ActorError, CollectedOutputs, DistributedActors, make_actors
 from impala_rl.checkpoint import CheckpointError
-from impala_rl.config import ConfigError, RunConfig, check_num_minibatches, to_dict, to_yaml
+from impala_rl.config import (
+    ConfigError,
+    RunConfig,
+    check_num_minibatches,
+    steps_per_batch,
+    to_dict,
+    to_yaml,
+)
 from impala_rl.distributed import (
     LeaderGpuHold,
     LearnerGroup,
@@ -493,14 +500,20 @@ class Trainer:
         with self._one_step():
             passes: list[UpdateStats] = []
             # Sample reuse: each pass (of num_minibatches column blocks, one optimizer step
-            # each) recomputes V-trace against the current weights, and each step is
-            # broadcast, so versions (and policy lag) keep counting optimizer steps.
+            # each) recomputes V-trace against the current weights. Every broadcast_every-th
+            # step and the batch's last are broadcast, stamped with the optimizer steps so
+            # far, so versions (and policy lag) keep counting optimizer steps.
+            steps = steps_per_batch(cfg.algorithm)
+            every = cfg.algorithm.broadcast_every or steps
             for n in range(cfg.algorithm.num_passes):
                 for block in self.learner.minibatches(collected.batch):
                     passes.append(
                         self.learner.update(block, train_policy=train_policy, fresh=n == 0)
                     )
-                    actors.broadcast_updated_policy(self.learner.model.state_dict())
+                    if len(passes) % every == 0 or len(passes) == steps:
+                        actors.broadcast_updated_policy(
+                            self.learner.model.state_dict(), self.learner.num_updates
+                        )
             c.updates = self.learner.num_updates
             env_steps = collected.env_steps
             if self.group is not None:

@@ -54,7 +54,7 @@ def actor_seed(seed: int, actor_index: int) -> int:
 class DistributedActors(abc.ABC):
     """Actors that fill rollouts with a (slightly stale) copy of the policy.
 
-    The learner calls :meth:`broadcast_updated_policy` after every update and
+    The learner calls :meth:`broadcast_updated_policy` after its updates and
     :meth:`collect_outputs` before the next one. Actors record episode statistics as
     :class:`impala_rl.events.ActorEvents`, reduced per epoch by the aggregator.
     """
@@ -97,8 +97,12 @@ class DistributedActors(abc.ABC):
         any thread."""
 
     @abc.abstractmethod
-    def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Publish new weights; actors load them between unrolls. Increments the version."""
+    def broadcast_updated_policy(
+        self, state_dict: dict[str, torch.Tensor], version: int | None = None
+    ) -> None:
+        """Publish new weights; actors load them between unrolls. ``version``: the learner's
+        optimizer steps so far (``algorithm.broadcast_every`` > 1 skips some); ``None``
+        increments the version by one."""
 
     @abc.abstractmethod
     def collect_outputs(self, learner_device: torch.device | str) -> CollectedOutputs:

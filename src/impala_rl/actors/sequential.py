@@ -45,8 +45,10 @@ class SequentialDistributedActors(DistributedActors):
             actor.close()
         self.actors = []
 
-    def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.policy_version += 1
+    def broadcast_updated_policy(
+        self, state_dict: dict[str, torch.Tensor], version: int | None = None
+    ) -> None:
+        self.policy_version = self.policy_version + 1 if version is None else version
         cpu_state = {k: v.detach().to("cpu") for k, v in state_dict.items()}
         for actor in self.actors:
             actor.load_policy(cpu_state, self.policy_version)

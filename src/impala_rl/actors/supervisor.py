@@ -358,9 +358,11 @@ class ActorSupervisor(DistributedActors, Generic[A, P]):
         if self._dispatcher is None or not self._dispatcher.is_alive():
             raise ActorError("the dispatcher thread stopped unexpectedly")
 
-    def broadcast_updated_policy(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def broadcast_updated_policy(
+        self, state_dict: dict[str, torch.Tensor], version: int | None = None
+    ) -> None:
         with self._lock:  # the version before the weights: a rollout is never newer
-            self.policy_version += 1
+            self.policy_version = self.policy_version + 1 if version is None else version
             self._in_update = False
             version = self.policy_version
         self._publish(state_dict, version)
