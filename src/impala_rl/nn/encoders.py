@@ -267,6 +267,8 @@ class ImportedEncoder(nn.Module):
             batch = obs[name].shape[: obs[name].ndim - len(shape)]
             folded = {k: obs[k].reshape(-1, *s) for k, s in self.entry_shapes.items()}
             return self.module(folded).reshape(*batch, self.out_features)
+        if obs.ndim == len(self.obs_shape) + 1:  # acting: already the one batch dimension
+            return self.module(obs)
         batch = obs.shape[: obs.ndim - len(self.obs_shape)]
         features = self.module(obs.reshape(-1, *self.obs_shape))
         return features.reshape(*batch, self.out_features)
