@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -26,9 +27,39 @@ from learners import FRAME, N_ACTIONS, timed
 from precision import batch_for
 
 from impala_rl.actors.subprocess import SharedWeights
-from impala_rl.config import load_config
+from impala_rl.config import RunConfig, load_config
 from impala_rl.learner import Learner
 from impala_rl.nn.factory import build_model
+
+
+def learner_batch(cfg: RunConfig, device: torch.device) -> tuple[Learner, Callable[[], None]]:
+    """The preset's learner (seed 0) on a synthetic batch of Atari frames on ``device``, and one
+    batch's work as training does it: ``num_passes`` passes of ``num_minibatches`` optimizer
+    steps, the weights published to shared memory after every ``broadcast_every``-th step and
+    the batch's last, as the subprocess backend does."""
+    alg = cfg.algorithm
+    torch.manual_seed(0)
+    model = build_model(
+        cfg.model, gym.spaces.Box(0, 255, FRAME, np.uint8), gym.spaces.Discrete(N_ACTIONS)
+    )
+    learner = Learner(model, alg, device)
+    weights = SharedWeights(learner.model.state_dict())
+    columns = alg.actors_batch_size * alg.envs_per_actor
+    batch = batch_for(alg.n_rollout_steps, columns, FRAME, N_ACTIONS)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    steps = alg.num_passes * alg.num_minibatches
+    every = alg.broadcast_every or steps
+
+    def one_batch() -> None:
+        taken = 0
+        for n in range(alg.num_passes):
+            for block in learner.minibatches(batch):
+                learner.update(block, fresh=n == 0)
+                taken += 1
+                if taken % every == 0 or taken == steps:
+                    weights.publish(learner.model.state_dict(), learner.num_updates)
+
+    return learner, one_batch
 
 
 def main() -> None:
@@ -41,27 +72,9 @@ def main() -> None:
     cfg = load_config(args.preset, args.overrides)
     alg = cfg.algorithm
     device = torch.device(alg.device if alg.device != "auto" else "cpu")
-    torch.manual_seed(0)
-    model = build_model(
-        cfg.model, gym.spaces.Box(0, 255, FRAME, np.uint8), gym.spaces.Discrete(N_ACTIONS)
-    )
-    learner = Learner(model, alg, device)
-    weights = SharedWeights(learner.model.state_dict())
-    columns = alg.actors_batch_size * alg.envs_per_actor
-    batch = batch_for(alg.n_rollout_steps, columns, FRAME, N_ACTIONS)
-    batch = {k: v.to(device) for k, v in batch.items()}
-
+    learner, one_batch = learner_batch(cfg, device)
     steps = alg.num_passes * alg.num_minibatches
-    every = alg.broadcast_every or steps
-
-    def one_batch() -> None:
-        taken = 0
-        for n in range(alg.num_passes):
-            for block in learner.minibatches(batch):
-                learner.update(block, fresh=n == 0)
-                taken += 1
-                if taken % every == 0 or taken == steps:
-                    weights.publish(learner.model.state_dict(), learner.num_updates)
+    columns = alg.actors_batch_size * alg.envs_per_actor
 
     for _ in range(args.warmup):
         one_batch()

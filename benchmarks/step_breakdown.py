@@ -20,16 +20,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import gymnasium as gym
-import numpy as np
 import torch
-from learners import FRAME, N_ACTIONS
-from precision import batch_for
+from batch_update import learner_batch
 
 from impala_rl import learner as learner_module
 from impala_rl.actors.subprocess import SharedWeights
 from impala_rl.config import load_config, steps_per_batch
-from impala_rl.nn.factory import build_model
 
 
 def main() -> None:
@@ -44,26 +40,8 @@ def main() -> None:
     sync: Callable[[], None] = (
         torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # type: ignore[assignment]
     )
-    torch.manual_seed(0)
-    model = build_model(
-        cfg.model, gym.spaces.Box(0, 255, FRAME, np.uint8), gym.spaces.Discrete(N_ACTIONS)
-    )
-    learner = learner_module.Learner(model, alg, device)
-    weights = SharedWeights(learner.model.state_dict())
-    columns = alg.actors_batch_size * alg.envs_per_actor
-    batch = batch_for(alg.n_rollout_steps, columns, FRAME, N_ACTIONS)
-    batch = {k: v.to(device) for k, v in batch.items()}
+    learner, one_batch = learner_batch(cfg, device)
     steps = steps_per_batch(alg)
-    every = alg.broadcast_every or steps
-
-    def one_batch() -> None:
-        taken = 0
-        for n in range(alg.num_passes):
-            for block in learner.minibatches(batch):
-                learner.update(block, fresh=n == 0)
-                taken += 1
-                if taken % every == 0 or taken == steps:
-                    weights.publish(learner.model.state_dict(), learner.num_updates)
 
     def timed_batches() -> float:
         sync()
