@@ -27,16 +27,16 @@ from learners import FRAME, N_ACTIONS, timed
 from precision import batch_for
 
 from impala_rl.actors.subprocess import SharedWeights
-from impala_rl.config import RunConfig, load_config
+from impala_rl.config import RunConfig, broadcasts_after, load_config
 from impala_rl.learner import Learner
 from impala_rl.nn.factory import build_model
 
 
-def learner_batch(cfg: RunConfig, device: torch.device) -> tuple[Learner, Callable[[], None]]:
-    """The preset's learner (seed 0) on a synthetic batch of Atari frames on ``device``, and one
-    batch's work as training does it: ``num_passes`` passes of ``num_minibatches`` optimizer
-    steps, the weights published to shared memory after every ``broadcast_every``-th step and
-    the batch's last, as the subprocess backend does."""
+def learner_batch(cfg: RunConfig, device: torch.device) -> Callable[[], None]:
+    """One batch's work of the preset's learner (seed 0) on synthetic Atari frames on
+    ``device``, as training does it: ``num_passes`` passes of ``num_minibatches`` optimizer
+    steps, the weights published to shared memory where the trainer broadcasts them
+    (:func:`~impala_rl.config.broadcasts_after`), as the subprocess backend does."""
     alg = cfg.algorithm
     torch.manual_seed(0)
     model = build_model(
@@ -47,8 +47,6 @@ def learner_batch(cfg: RunConfig, device: torch.device) -> tuple[Learner, Callab
     columns = alg.actors_batch_size * alg.envs_per_actor
     batch = batch_for(alg.n_rollout_steps, columns, FRAME, N_ACTIONS)
     batch = {k: v.to(device) for k, v in batch.items()}
-    steps = alg.num_passes * alg.num_minibatches
-    every = alg.broadcast_every or steps
 
     def one_batch() -> None:
         taken = 0
@@ -56,10 +54,10 @@ def learner_batch(cfg: RunConfig, device: torch.device) -> tuple[Learner, Callab
             for block in learner.minibatches(batch):
                 learner.update(block, fresh=n == 0)
                 taken += 1
-                if taken % every == 0 or taken == steps:
+                if broadcasts_after(alg, taken):
                     weights.publish(learner.model.state_dict(), learner.num_updates)
 
-    return learner, one_batch
+    return one_batch
 
 
 def main() -> None:
@@ -72,7 +70,7 @@ def main() -> None:
     cfg = load_config(args.preset, args.overrides)
     alg = cfg.algorithm
     device = torch.device(alg.device if alg.device != "auto" else "cpu")
-    learner, one_batch = learner_batch(cfg, device)
+    one_batch = learner_batch(cfg, device)
     steps = alg.num_passes * alg.num_minibatches
     columns = alg.actors_batch_size * alg.envs_per_actor
 

@@ -40,7 +40,7 @@ def main() -> None:
     sync: Callable[[], None] = (
         torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # type: ignore[assignment]
     )
-    learner, one_batch = learner_batch(cfg, device)
+    one_batch = learner_batch(cfg, device)
     steps = steps_per_batch(alg)
 
     def timed_batches() -> float:

@@ -19,6 +19,7 @@ from gymnasium import spaces
 import dict_envs
 import impala_rl
 from impala_rl.config import ConfigError, load_config
+from impala_rl.envs import make_env_factory
 from impala_rl.learner import forward_batch, update_observation_statistics
 from impala_rl.nn.encoders import DictEncoder
 from impala_rl.nn.factory import build_model_for_env
@@ -38,7 +39,8 @@ def _model(overrides=()):
 
 def test_each_step_key_gets_an_encoder_per_entry_and_text_is_left_out(caplog):
     with caplog.at_level(logging.WARNING):
-        model = _model()
+        make_env_factory(load_config("cartpole", ["env.id=dict_envs:make_keys_env"]).env)
+    model = _model()
     first, second = model.observation_spaces[0], model.observation_spaces[1]
     assert isinstance(first, spaces.Dict) and isinstance(second, spaces.Dict)
     assert list(first.spaces) == ["direction", "image", "pos"]

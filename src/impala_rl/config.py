@@ -749,6 +749,13 @@ def steps_per_batch(a: ImpalaAlgorithmConfig) -> int:
     return a.num_passes * a.num_minibatches
 
 
+def broadcasts_after(a: ImpalaAlgorithmConfig, taken: int) -> bool:
+    """Whether the ``taken``-th optimizer step of a batch (from 1) broadcasts the weights:
+    every ``broadcast_every``-th step and the batch's last."""
+    steps = steps_per_batch(a)
+    return taken % (a.broadcast_every or steps) == 0 or taken == steps
+
+
 def handout_lag_bound(a: ImpalaAlgorithmConfig) -> int | None:
     """The policy lag a rollout may have when its batch is handed out, so that every step on
     the batch stays within ``max_policy_lag`` (``None``: no bound)."""

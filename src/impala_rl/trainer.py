@@ -28,8 +28,8 @@ from impala_rl.checkpoint import CheckpointError
 from impala_rl.config import (
     ConfigError,
     RunConfig,
+    broadcasts_after,
     check_num_minibatches,
-    steps_per_batch,
     to_dict,
     to_yaml,
 )
@@ -503,14 +503,12 @@ class Trainer:
             # each) recomputes V-trace against the current weights. Every broadcast_every-th
             # step and the batch's last are broadcast, stamped with the optimizer steps so
             # far, so versions (and policy lag) keep counting optimizer steps.
-            steps = steps_per_batch(cfg.algorithm)
-            every = cfg.algorithm.broadcast_every or steps
             for n in range(cfg.algorithm.num_passes):
                 for block in self.learner.minibatches(collected.batch):
                     passes.append(
                         self.learner.update(block, train_policy=train_policy, fresh=n == 0)
                     )
-                    if len(passes) % every == 0 or len(passes) == steps:
+                    if broadcasts_after(cfg.algorithm, len(passes)):
                         actors.broadcast_updated_policy(
                             self.learner.model.state_dict(), self.learner.num_updates
                         )

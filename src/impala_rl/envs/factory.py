@@ -38,7 +38,12 @@ from impala_rl.envs.spaces import (
     log_dropped_entries,
     model_observation_space,
 )
-from impala_rl.envs.structured import SingleKeyVectorEnv, StructuredVectorEnv, is_structured
+from impala_rl.envs.structured import (
+    KeyObservation,
+    SingleKeyVectorEnv,
+    StructuredVectorEnv,
+    is_structured,
+)
 from impala_rl.envs.vector import SameStepVectorEnv
 
 ALE_PREFIX = "ALE/"
@@ -301,7 +306,11 @@ def make_env_factory(env_cfg: Any) -> EnvFactory:
     factory.check_env = True
     try:
         probe = factory()
-        log_dropped_entries(probe, env_cfg.id)
+        if is_structured(probe):
+            for k, space in sorted(probe.observation_spaces.items()):
+                log_dropped_entries(env_cfg.id, KeyObservation(space, k).dropped, k)
+        else:
+            log_dropped_entries(env_cfg.id, getattr(probe, "dropped", []))
         probe.close()
     finally:
         factory.check_env = False

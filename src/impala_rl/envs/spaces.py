@@ -160,18 +160,18 @@ class ModelObservation(gym.ObservationWrapper):
         self._convert = ObservationConverter(env.observation_space)
         self.observation_space = self._convert.space
         self.dropped = self._convert.dropped
-        self._identity = self._convert.identity
 
     def observation(self, observation: Any) -> Any:
         return self._convert(observation)
 
 
-def log_dropped_entries(env: gym.Env, env_id: str) -> None:
-    """One line naming the Dict entries the model does not read (``Text``), if any."""
-    dropped = getattr(env, "dropped", None)
+def log_dropped_entries(env_id: str, dropped: list[str], step_key: int | None = None) -> None:
+    """One line naming the Dict entries the model does not read (``Text``), if any (of step
+    key ``step_key`` in a structured env)."""
     if dropped:
+        where = env_id if step_key is None else f"{env_id}, step key {step_key}"
         logging.getLogger(__name__).warning(
             "env.id=%s: the observation entries %s are not numbers; the model does not read them",
-            env_id,
+            where,
             ", ".join(dropped),
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import gymnasium as gym
@@ -78,14 +77,6 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
             )
     check_structured_env(env)
     converters = {k: KeyObservation(s, k) for k, s in env.observation_spaces.items()}
-    for k, converter in converters.items():
-        if converter.dropped:
-            logging.getLogger(__name__).warning(
-                "step key %d: the observation entries %s are not numbers; the model does not "
-                "read them",
-                k,
-                ", ".join(converter.dropped),
-            )
     try:
         model = StructuredActorCritic(
             {k: c.space for k, c in converters.items()},
