@@ -399,7 +399,8 @@ def test_cartpole_with_an_lstm_core_learns_and_its_policy_loads(tmp_path, capsys
         obs, reward, term, trunc, _ = env.step(policy.act(obs, last_reward=reward))
         if term or trunc:
             break
-    assert policy._state is not None and policy._state[0].abs().sum() > 0
+    state = policy._streams.core_state
+    assert state is not None and state[0].abs().sum() > 0
     # `impala eval` runs the recurrent policy through the evaluator, which carries its state
     capsys.readouterr()
     assert main(["eval", str(tmp_path), "--episodes", "2"]) == 0

@@ -16,6 +16,7 @@ from impala_rl.envs import EnvFactory
 from impala_rl.envs.examples import ItemPlacementEnv
 from impala_rl.envs.factory import EnvError
 from impala_rl.envs.structured import ActorID, StructuredEnv, StructuredVectorEnv
+from impala_rl.evaluation import evaluate
 from impala_rl.learner import Learner
 from impala_rl.nn.factory import build_model_for_env
 from impala_rl.nn.structured import StructuredActorCritic
@@ -160,8 +161,8 @@ def test_every_decision_over_several_unrolls_is_trained_exactly_once():
             trained.append((agent, serial))
     taken = {(a, serial) for env in envs for a, serial in env.taken}
     pending = set()
-    for stream in range(len(loop.open)):
-        for d in [*loop.closed[stream], loop.open[stream]]:
+    for stream in range(len(loop.streams.open)):
+        for d in [*loop.streams.closed[stream], loop.streams.open[stream]]:
             if d is not None and d.action is not None:
                 pending.add((stream % 2, int(d.obs[2])))
     assert len(trained) == len(set(trained)) > 40  # none twice
@@ -182,7 +183,7 @@ def test_a_segment_across_the_unroll_boundary_gets_the_reward_after_it():
             if serial in open_bootstraps:
                 assert t == 0  # it opens a later column of its stream, with its whole reward
                 spanning += 1
-        still_open = {int(d.obs[2]) for d in loop.open if d is not None}
+        still_open = {int(d.obs[2]) for d in loop.streams.open if d is not None}
         open_bootstraps |= {_rows(slot, spec.T, c)[2] for c in range(spec.N)} & still_open
     assert spanning >= 3
 
@@ -227,7 +228,7 @@ def test_agents_acting_at_different_rates_train_without_deadlock():
         assert np.isfinite(stats.policy_loss[0])
         agents += slot["obs"][0, :, 0].tolist()
         # agent 0, deciding twice as often, fills twice the columns of agent 1
-        assert max(len(q) for q in loop.closed) < 3 * spec.T  # queues stay bounded
+        assert max(len(q) for q in loop.streams.closed) < 3 * spec.T  # queues stay bounded
     assert agents.count(0.0) == pytest.approx(2 * agents.count(1.0), abs=3)
 
 
@@ -286,14 +287,49 @@ def test_an_lstm_policy_reaches_the_example_envs_optimal_return(tmp_path, backen
     assert summary["best_eval_return"] == 2.0
 
 
-@pytest.mark.parametrize("overrides", [CORE, ["model.use_last_action_reward=true"]])
-def test_a_structured_policy_with_a_core_is_refused_by_act(tmp_path, overrides):
-    impala_rl.train("multistep_example", [*FAST, *overrides, "max_env_steps=256"], run_dir=tmp_path)
+@pytest.mark.parametrize(
+    "overrides", [CORE, [*CORE, "model.use_last_action_reward=true"]], ids=["lstm", "lstm-last"]
+)
+def test_load_policy_carries_a_structured_core_as_the_evaluator_does(tmp_path, overrides):
+    """``Policy.act`` on a structured env with a core (and last inputs) keeps each agent's
+    state from decision to decision: over whole episodes it reads the same inputs and computes
+    the same distributions as ``evaluate`` (``impala eval``) on the same seeds."""
+    impala_rl.train("multistep_example", [*FAST, *overrides, "max_env_steps=512"], run_dir=tmp_path)
     policy = load_policy(tmp_path, which="last")
-    env = ItemPlacementEnv()
-    obs, _ = env.reset(seed=0)
-    with pytest.raises(ValueError, match="keeps a state per agent"):
-        policy.act(obs, step_key=0)
+    model = policy.model
+    calls: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
+    model_act = model.act
+
+    def spy(step_key, obs, mask, first, core_state, extra):
+        dist, state = model_act(step_key, obs, mask, first, core_state, extra)
+        calls.append((step_key, dist.log_prob(dist.mode()), None if extra is None else extra))
+        return dist, state
+
+    model.act = spy
+    for seed in range(3):
+        calls.clear()
+        evaluate(model, policy.env_factory, 1, deterministic=True, seed=seed)
+        evaluated = list(calls)
+        calls.clear()
+        env = policy.env_factory()
+        obs, _ = env.reset(seed=seed)
+        policy.reset()
+        reward, done = 0.0, False
+        while not done:
+            key, agent = env.actor_id()
+            action = policy.act(obs, step_key=key, agent_id=agent, last_reward=reward)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            done = terminated or truncated
+        assert len(calls) == len(evaluated) >= 4
+        for (key, log_prob, extra), (key_e, log_prob_e, extra_e) in zip(
+            calls, evaluated, strict=True
+        ):
+            assert key == key_e
+            torch.testing.assert_close(log_prob, log_prob_e)
+            if extra is not None:
+                torch.testing.assert_close(extra, extra_e)
+    with pytest.raises(ValueError, match=r"agent_id=1 is not one of 0\.\.0"):
+        policy.act(obs, step_key=0, agent_id=1)
 
 
 # -- observation normalization and PopArt, per step key and per critic ---------------------------
@@ -597,14 +633,14 @@ def test_example_env_needs_the_next_decisions_value_credited_to_the_item(tmp_pat
     """Control: the item's sub-step pays nothing, so the item policy learns only from the
     value of the placement decision after it (keys alternate along the agent's column);
     with every segment cut there (no bootstrap), the optimum is not reached in the budget."""
-    from impala_rl.rollout import ActorLoop
+    from impala_rl.decisions import DecisionStreams
 
-    original = ActorLoop._close
+    original = DecisionStreams.close
 
-    def no_bootstrap(self, column, terminated=False, truncation_value=None):
-        original(self, column, True)
+    def no_bootstrap(self, stream, terminated=False, truncation_value=None):
+        original(self, stream, True)
 
-    monkeypatch.setattr(ActorLoop, "_close", no_bootstrap)
+    monkeypatch.setattr(DecisionStreams, "close", no_bootstrap)
     summary = impala_rl.train(
         "multistep_example",
         [*FAST, "seed=0", "max_env_steps=20000"],

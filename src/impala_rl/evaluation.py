@@ -12,8 +12,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from impala_rl.decisions import DecisionStreams, LocalActing
 from impala_rl.envs import make_keyed_vector_env
-from impala_rl.nn import Model, act
+from impala_rl.nn import Model
 from impala_rl.nn.observations import as_obs
 
 
@@ -46,30 +47,27 @@ def evaluate(
 
     Every env is a structured one here (a plain env is one agent whose step key 0 decides at
     every step): at each step the envs are grouped by the step key that decides next and each
-    key's policy acts on its group, one call when there is one key. Returns are agent 0's,
-    lengths count (sub-)steps, and ``wins`` collects ``info["win"]`` from the final step when
-    the env reports it.
+    key's policy acts on its group through the agents' decision streams
+    (:class:`~impala_rl.decisions.DecisionStreams`, which carry a core's state and the last
+    action and reward from decision to decision, from zeros at every episode's start), one
+    call when one key decides everywhere. Returns are agent 0's, lengths count (sub-)steps,
+    and ``wins`` collects ``info["win"]`` from the final step when the env reports it.
 
     ``deterministic`` takes the distribution's mode; otherwise actions are sampled from a
     generator seeded with ``seed``. ``max_episode_steps`` cuts episodes that run longer.
-    A model with a core carries its state from step to step (and the last action and reward
-    when it reads them), starting every episode from zeros.
     """
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     envs = make_keyed_vector_env(env_factory, n_episodes)
     generator = torch.Generator(device="cpu").manual_seed(seed)
+    acting = LocalActing(model, generator, deterministic)
+    streams = DecisionStreams(model, acting, n_episodes, envs.n_agents, device)
     wins: list[bool | None] = [None] * n_episodes
-    # a core state and last inputs per agent of every env, reset with its episode
-    n_agents = envs.n_agents
-    agent_states = model.initial_state(n_episodes * n_agents, device)
-    agent_first = np.ones(n_episodes * n_agents, dtype=bool)
-    agent_last = torch.zeros(n_episodes * n_agents, model.extra_features)
+    returns = np.zeros(n_episodes)
+    lengths = np.zeros(n_episodes, dtype=np.int64)
     try:
         envs.reset(seed=seed)
-        returns = np.zeros(n_episodes)
-        lengths = np.zeros(n_episodes, dtype=np.int64)
         running = np.ones(n_episodes, dtype=bool)
         actions: Any = [None] * n_episodes
         while running.any():
@@ -81,23 +79,10 @@ def evaluate(
                 obs = as_obs(envs.obs[k], device, None if every else idx)
                 mask = envs.masks.get(k)
                 mask_t = None if mask is None else torch.as_tensor(mask[idx], device=device)
-                agents = idx * n_agents + envs.agent_id[idx]
-                extra = None
-                if model.use_last_action_reward:  # zero at an agent's first decision
-                    unset = torch.as_tensor(agent_first[agents]).unsqueeze(-1)
-                    extra = agent_last[agents].masked_fill(unset, 0.0).to(device)
-                before, first = None, None
-                if agent_states is not None:
-                    cols = torch.as_tensor(agents, device=device)
-                    before = (agent_states[0][:, cols], agent_states[1][:, cols])
-                    first = torch.as_tensor(agent_first[agents], device=device)
-                acted = act(model, k, obs, mask_t, first, before, extra, deterministic, generator)
-                if agent_states is not None:
-                    agent_states[0][:, cols], agent_states[1][:, cols] = acted.core_state
-                agent_first[agents] = False
-                if model.use_last_action_reward:  # the reward since: summed below
-                    action = acted.action.cpu()
-                    agent_last[agents] = model.last_inputs(k, action, torch.zeros(idx.size))
+                ids = None
+                if not every or envs.n_agents > 1:
+                    ids = streams.streams(idx, envs.agent_id[idx])
+                acted, _ = streams.decide(k, obs, mask_t, ids)
                 if every:
                     actions = acted.env_action
                 else:
@@ -105,18 +90,21 @@ def evaluate(
                     for j, i in enumerate(idx):
                         actions[i] = acted.env_action[j]
             reward, terminated, truncated, _, final_infos = envs.step(actions)
-            returns += np.where(running, reward[:, 0], 0.0)
-            lengths += running
+            streams.rewarded(reward)
             for i, info in final_infos.items():
                 if running[i] and "win" in info:
                     wins[i] = bool(info["win"])
             done = np.logical_or(terminated, truncated)
-            if model.use_last_action_reward:
-                agent_last[:, -1] += torch.as_tensor(reward, dtype=torch.float32).reshape(-1)
-            for i in np.flatnonzero(done):  # envs autoreset: the next (uncounted) episode
-                agent_first[i * n_agents : (i + 1) * n_agents] = True
-            if max_episode_steps is not None:
-                done |= lengths >= max_episode_steps
+            if max_episode_steps is not None:  # cut: what the episode scored so far
+                cut = running & ~done & (streams.episode_length >= max_episode_steps)
+                returns[cut] = streams.episode_return[cut]
+                lengths[cut] = streams.episode_length[cut]
+                running &= ~cut
+            finished = streams.end_episodes(done)  # envs autoreset: the next is not counted
+            if finished is not None:
+                first = running[finished.envs]
+                returns[finished.envs[first]] = finished.returns[first]
+                lengths[finished.envs[first]] = finished.lengths[first]
             running &= ~done
     finally:
         envs.close()

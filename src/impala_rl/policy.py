@@ -15,9 +15,10 @@ import torch
 
 from impala_rl import checkpoint
 from impala_rl.config import RunConfig, config_from_dict, to_dict
+from impala_rl.decisions import DecisionStreams, LocalActing
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.structured import is_structured
-from impala_rl.nn import Model, act
+from impala_rl.nn import Model
 from impala_rl.nn.factory import build_model_for_env
 from impala_rl.nn.observations import any_tensor, as_obs, map_obs
 from impala_rl.rundir import RunDirError
@@ -41,33 +42,39 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> 
 class Policy:
     """A trained policy for use outside training: ``act(obs, deterministic=...)``.
 
-    A recurrent policy (``model.core=lstm``) or one that reads the last action and reward
-    keeps that state between calls: call :meth:`reset` when an episode starts (all of a
-    batch's columns together; a change of batch size also resets), and pass the previous
-    step's reward as ``last_reward`` when the model reads it. On a structured env the policy
-    acts per step key: pass the acting agent's observation as the env returns it and
-    ``step_key=env.actor_id().step_key``.
+    It acts through decision streams (:class:`~impala_rl.decisions.DecisionStreams`) as an
+    actor and the evaluator do, so a recurrent policy (``model.core=lstm``) or one that reads
+    the last action and reward keeps that state between calls, per agent: call :meth:`reset`
+    when an episode starts (all of a batch's columns together; a change of batch size also
+    resets), and pass the reward the agent received since its previous decision as
+    ``last_reward`` when the model reads it. On a structured env the policy acts per step key
+    and agent: pass the acting agent's observation as the env returns it and
+    ``step_key, agent_id = env.actor_id()``.
     """
 
-    def __init__(self, model: Model, env_factory: EnvFactory, cfg: RunConfig):
+    def __init__(self, model: Model, env_factory: EnvFactory, cfg: RunConfig, env: Any = None):
         self.model = model.eval()
-        self._state: Any = None
-        self._batch_size = 0
         self.env_factory = env_factory
         self.config = cfg
+        self._acting = LocalActing(self.model)
+        self._streams: DecisionStreams | None = None
         from impala_rl.envs.factory import ModelObservation
         from impala_rl.envs.structured import KeyObservation
 
-        env = env_factory()
-        self._key_observations = (
-            {k: KeyObservation(s, k) for k, s in env.observation_spaces.items()}
-            if is_structured(env)
-            else None
-        )
+        built = env is None
+        env = env_factory() if built else env
+        self._key_observations = None
+        self._n_agents = 1
+        if is_structured(env):
+            self._key_observations = {
+                k: KeyObservation(s, k) for k, s in env.observation_spaces.items()
+            }
+            self._n_agents = int(env.n_agents)
         wrapped = isinstance(env, ModelObservation)
         self._raw_space = env.env.observation_space if wrapped else env.observation_space
         self._to_model = env.observation if wrapped else (lambda obs: obs)
-        env.close()
+        if built:
+            env.close()
 
     @torch.no_grad()
     def act(
@@ -76,19 +83,23 @@ class Policy:
         deterministic: bool = True,
         last_reward: Any = None,
         step_key: int | None = None,
+        agent_id: int = 0,
     ) -> Any:
         """Action for one observation as the env returns it, or for a batch ``[N, *obs]`` of
         model-form observations; returned in the env's action format. ``last_reward`` (a
-        number or ``[N]``) is the reward of the previous step, for models that read it.
-        ``step_key``: the sub-step whose policy acts (structured envs; one observation, its
+        number or ``[N]``) is the reward since the agent's previous decision, for models that
+        read it. ``step_key`` and ``agent_id``: who acts (structured envs; one observation, its
         ``action_mask`` respected)."""
         model = self.model
+        streams = None
         if self._key_observations is not None:
             step_key = self._step_key(step_key)
+            if not 0 <= agent_id < self._n_agents:
+                raise ValueError(f"agent_id={agent_id!r} is not one of 0..{self._n_agents - 1}")
             x, mask = self._key_observations[step_key](obs)
             x = map_obs(as_obs(x), lambda t: t.unsqueeze(0))
             mask = None if mask is None else torch.as_tensor(mask).unsqueeze(0)
-            batched = False
+            batched, n_envs, streams = False, 1, np.array([agent_id])
         else:
             step_key, mask = 0, None
             entries = getattr(model, "entry_shapes", None)
@@ -106,13 +117,15 @@ class Policy:
                 batched = x.ndim > len(model.obs_shape)
                 if not batched:
                     x = x.unsqueeze(0)
-        first = state = extra = None
-        if model.needs_inputs:
-            first, state, extra = self._inputs(step_key, any_tensor(x).shape[0], last_reward)
-        acted = act(model, step_key, x, mask, first, state, extra, deterministic)
-        if model.needs_inputs:
-            self._state, self._last_action = acted.core_state, acted.action
-            self._first = torch.zeros(any_tensor(x).shape[0], dtype=torch.bool)
+            n_envs = any_tensor(x).shape[0]
+        if self._streams is None or self._streams.num_envs != n_envs:  # new episodes
+            self._streams = DecisionStreams(model, self._acting, n_envs, self._n_agents)
+        elif last_reward is not None:
+            reward = np.asarray(last_reward, dtype=np.float64).reshape(-1)
+            index = slice(None) if streams is None else streams
+            self._streams.reward_since[index] = reward
+        self._acting.deterministic = deterministic
+        acted, _ = self._streams.decide(step_key, x, mask, streams)
         return acted.env_action if batched else acted.env_action[0]
 
     def _step_key(self, step_key: int | None) -> int:
@@ -128,36 +141,11 @@ class Policy:
             step_key = next(iter(keys))
         if step_key not in keys:
             raise ValueError(f"step_key={step_key!r} is not one of {sorted(keys)}")
-        if self.model.needs_inputs:
-            what = "a core" if self.model.has_core else "last action/reward inputs"
-            raise ValueError(
-                f"a structured policy with {what} keeps a state per agent, which act() does "
-                "not track; use impala_rl.evaluation.evaluate (or `impala eval`)"
-            )
         return step_key
 
     def reset(self) -> None:
         """Start new episodes: zero core state, last action and last reward."""
-        self._batch_size = 0
-
-    def _inputs(self, step_key: int, n: int, last_reward: Any) -> tuple[Any, Any, Any]:
-        """``first [n]``, the core state and the last inputs ``[n, E]`` of the next decision
-        (a model that reads more than observations); a new batch size starts new episodes."""
-        head = self.model.action_head(step_key)
-        if n != self._batch_size:
-            self._batch_size = n
-            self._state = self.model.initial_state(n)
-            self._last_action = torch.zeros((n, *head.action_shape), dtype=head.action_dtype)
-            self._first = torch.ones(n, dtype=torch.bool)
-            last_reward = None
-        reward = torch.zeros(n)
-        if last_reward is not None:
-            reward = torch.as_tensor(np.asarray(last_reward, dtype=np.float32)).reshape(n)
-        extra = None
-        if self.model.use_last_action_reward:
-            extra = self.model.last_inputs(step_key, self._last_action, reward)
-            extra = extra.masked_fill(self._first.unsqueeze(-1), 0.0)
-        return self._first, self._state, extra
+        self._streams = None
 
 
 def _arrays(obs: Any) -> Any:
@@ -177,7 +165,9 @@ def load_policy(run_dir: str | Path, which: str = "best") -> Policy:
     cfg = config_from_dict(data["config"])
     env_factory = EnvFactory(cfg.env.id, cfg.env.kwargs, cfg.env.max_episode_steps, cfg.env.vector)
     env = env_factory()
-    model = build_model_for_env(cfg.model, env)
-    env.close()
-    model.load_state_dict(data["model"])
-    return Policy(model, env_factory, cfg)
+    try:
+        model = build_model_for_env(cfg.model, env)
+        model.load_state_dict(data["model"])
+        return Policy(model, env_factory, cfg, env)
+    finally:
+        env.close()

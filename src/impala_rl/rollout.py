@@ -50,7 +50,6 @@ stream holds ``T`` closed decisions, so no row is padding and the learner needs 
 
 from __future__ import annotations
 
-import collections
 import copy
 import time
 from collections.abc import Callable
@@ -61,10 +60,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from impala_rl.decisions import DecisionStreams, FinishedEpisodes, LocalActing
 from impala_rl.envs import make_keyed_vector_env
 from impala_rl.envs.structured import SingleKeyVectorEnv
-from impala_rl.nn import Acted, Model, act
-from impala_rl.nn.observations import Obs, as_obs, entry_field, map_obs, stack_obs, write_obs
+from impala_rl.nn import Model
+from impala_rl.nn.observations import as_obs, entry_field, map_obs, stack_obs, write_obs
 
 
 def allocate_fields(
@@ -218,42 +218,6 @@ def rollout_spec_for(
     )
 
 
-class LocalActing:
-    """Inference in the actor itself, on its own copy of the policy (loaded between unrolls).
-
-    The actor loop acts through an object like this one: :meth:`act` one decision of a group
-    of agents, :meth:`value` a final observation's value, :meth:`unroll_version` the policy
-    version to stamp on a finished unroll. Central inference
-    (:class:`impala_rl.actors.inference.CentralActing`) has the same three methods.
-    """
-
-    def __init__(self, model: Model, generator: torch.Generator):
-        self.model = model
-        self.generator = generator
-
-    def act(
-        self,
-        step_key: int,
-        obs: torch.Tensor,
-        action_mask: torch.Tensor | None,
-        first: torch.Tensor | None,
-        core_state: Any,
-        extra: torch.Tensor | None,
-    ) -> Acted:
-        return act(
-            self.model, step_key, obs, action_mask, first, core_state, extra, False, self.generator
-        )
-
-    def value(
-        self, step_key: int, obs: torch.Tensor, extra: torch.Tensor | None, core_state: Any
-    ) -> torch.Tensor:
-        return self.model.value(step_key, obs, extra, core_state)
-
-    def unroll_version(self, loaded_version: int) -> int:
-        """The version of the weights this unroll acted with: the ones loaded before it."""
-        return loaded_version
-
-
 @dataclass
 class UnrollResult:
     """What an unroll reports besides the slot contents."""
@@ -273,63 +237,25 @@ def write_staged(
     slot["actor_index"].fill_(actor_index)
 
 
-class EpisodeTracker:
-    """Each env's running episode return and length; :meth:`step` collects finished ones."""
-
-    def __init__(self, num_envs: int):
-        self.ret = np.zeros(num_envs, dtype=np.float64)
-        self.length = np.zeros(num_envs, dtype=np.int64)
-
-    def step(
-        self, reward: np.ndarray, done: np.ndarray, returns: list[float], lengths: list[int]
-    ) -> None:
-        """Add one step's ``reward [N]``; append the episodes that ``done [N]`` ends."""
-        self.ret += reward
-        self.length += 1
-        if done.any():
-            for i in np.flatnonzero(done):
-                returns.append(float(self.ret[i]))
-                lengths.append(int(self.length[i]))
-            self.ret[done] = 0.0
-            self.length[done] = 0
-
-
-@dataclass
-class Decision:
-    """One row of an agent column, kept by the actor until it is written into a slot."""
-
-    key: int
-    obs: Obs  # [*o_k], or a Dict observation's entries
-    mask: np.ndarray | None
-    action: torch.Tensor
-    log_prob: float = 0.0
-    reward: float = 0.0
-    terminated: bool = False
-    truncated: bool = False
-    truncation_value: float = 0.0
-    age: int = 0  # the actor's sub-step count when it was taken: the oldest chunk goes first
-    first: bool = False  # the agent's first decision of an episode (a model with a core)
-    core_state: tuple[torch.Tensor, torch.Tensor] | None = None  # (h, c) [H] before it
-    last_inputs: torch.Tensor | None = None  # [E] the agent's previous action and reward
-
-
 class ActorLoop:
-    """One actor: ``num_envs`` envs, a CPU copy of the policy, and its agents' decision streams.
+    """One actor: ``num_envs`` envs, a CPU copy of the policy, and its agents' decision streams
+    (:class:`impala_rl.decisions.DecisionStreams`).
 
     Every agent of every env (a *stream*) is a sequence of decisions, and a slot's column is
     ``T`` of them (:class:`RolloutSpec`). ``seed`` fixes the envs' reset seeds and the action
     sampler, so a backend that runs the same actor index with the same weights produces the
-    same slot contents. With a core every stream carries its state from decision to decision
-    (reset at its first decision of an episode).
+    same slot contents. The streams carry each agent's core state and last inputs from
+    decision to decision and across unrolls.
 
     A plain env is one agent deciding at every step of every env: its streams are the envs, a
-    column closes after ``T`` steps, and :meth:`_unroll_steps` writes them in place (one
-    policy call and one slice write per field and step; the per-step scalars staged in numpy).
+    column closes after ``T`` steps, and :meth:`_unroll_steps` writes them in place (every
+    stream decides at once, one policy call and one slice write per field and step; the
+    per-step scalars staged in numpy).
 
     A structured env (:class:`~impala_rl.envs.structured.StructuredVectorEnv`) goes through
     :meth:`_unroll_decisions`: each env sub-step, the envs are grouped by the step key that
-    acts and each group's policy runs once. Every stream keeps its closed decisions in a queue
-    and its open one aside. An unroll steps until the streams hold ``N`` chunks of ``T`` closed
+    acts and each group's policy runs once. The streams keep their closed decisions in a queue
+    and the open one aside. An unroll steps until the streams hold ``N`` chunks of ``T`` closed
     decisions, then writes the oldest chunks, one per column: a stream that decides more often
     fills more columns. So agents acting at different rates neither wait for each other nor
     pad their columns, and no queue grows without bound (a slow agent's decisions wait, less
@@ -356,7 +282,6 @@ class ActorLoop:
         self.policy_version = 0
         self.generator = torch.Generator().manual_seed(seed)
         self.acting = LocalActing(model, self.generator) if acting is None else acting
-        self.episodes = EpisodeTracker(num_envs)
         keyed = make_keyed_vector_env(env_factory, num_envs)
         self.structured = not isinstance(keyed, SingleKeyVectorEnv)
         self.envs: Any
@@ -364,27 +289,19 @@ class ActorLoop:
             self.envs = keyed
             self.envs.reset(seed=seed)
             self.n_agents = self.envs.n_agents
-        else:  # the fast path steps the plain vector env itself
-            self.envs = keyed.envs
-            obs, _ = self.envs.reset(seed=seed)
-            self.obs = as_obs(obs)
-            self.n_agents = 1
-        streams = num_envs * self.n_agents
-        self.first = np.ones(streams, dtype=bool)  # a stream's next decision starts an episode
-        self.core_state = model.initial_state(streams)  # carried across steps and unrolls
-        if self.structured:
-            self.closed: list[collections.deque[Decision]] = [
-                collections.deque() for _ in range(streams)
-            ]
-            self.open: list[Decision | None] = [None] * streams
-            self.substeps = 0
             layout = rollout_spec_for(model, None, unroll_length, num_envs)
             self.fields = {  # step key -> its obs, action and action-mask fields in a slot
                 k: tuple(layout.key_field(name, k) for name in ("obs", "action", "action_mask"))
                 for k in model.step_keys
             }
-        else:  # what a model reading the last action and reward reads next (zero: first)
-            self.last_inputs = torch.zeros(num_envs, model.extra_features)
+        else:  # the fast path steps the plain vector env itself
+            self.envs = keyed.envs
+            obs, _ = self.envs.reset(seed=seed)
+            self.obs = as_obs(obs)
+            self.n_agents = 1
+        self.streams = DecisionStreams(
+            model, self.acting, num_envs, self.n_agents, keep_decisions=self.structured
+        )
 
     def load_policy(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Take new weights; only ever called between unrolls."""
@@ -412,54 +329,37 @@ class ActorLoop:
         returns: list[float] = []
         lengths: list[int] = []
         action_slot, logp_slot = slot["action"], slot["behaviour_log_prob"]
-        model = self.model
-        with_last = model.use_last_action_reward
-        if model.core is not None:
-            slot["core_h"].copy_(self.core_state[0])
-            slot["core_c"].copy_(self.core_state[1])
-        extra = self.last_inputs if with_last else None
-        state = self.core_state
+        streams = self.streams
+        with_last = self.model.use_last_action_reward
         for t in range(T):
             write_obs(slot, "obs", t, self.obs)
-            first[t] = self.first
+            acted, inputs = streams.decide(0, self.obs)
+            first[t] = inputs.first
             if with_last:
-                slot["last_inputs"][t] = extra
-            first_t = torch.from_numpy(self.first) if state is not None else None
-            acted = self.acting.act(0, self.obs, None, first_t, state, extra)
-            action, state = acted.action, acted.core_state
-            action_slot[t] = action
+                slot["last_inputs"][t] = inputs.extra
+            if t == 0 and inputs.core_state is not None:
+                slot["core_h"].copy_(inputs.core_state[0])
+                slot["core_c"].copy_(inputs.core_state[1])
+            action_slot[t] = acted.action
             logp_slot[t] = acted.log_prob
             obs, reward, term, trunc, info = self.envs.step(acted.env_action)
             trunc = np.logical_and(trunc, np.logical_not(term))
             rewards[t] = reward
             terminated[t] = term
             truncated[t] = trunc
-            done = np.logical_or(term, trunc)
-            if with_last:  # this decision as the next one reads it, zero after an episode's end
-                extra = model.last_inputs(0, action, torch.from_numpy(rewards[t]))
+            streams.rewarded(reward)
             if trunc.any():  # the final obs continues the episode: no reset, this step's inputs
                 idx = np.flatnonzero(trunc)
-                cols = torch.from_numpy(idx)
                 final = stack_obs([info["final_obs"][i] for i in idx])
-                value = self.acting.value(
-                    0,
-                    final,
-                    None if extra is None else extra[cols],
-                    None if state is None else (state[0][:, cols], state[1][:, cols]),
-                )
-                trunc_values[t, idx] = value.float().numpy()
-            if with_last and done.any():
-                extra = extra.masked_fill(torch.from_numpy(done).unsqueeze(-1), 0.0)
-            self.episodes.step(reward, done, returns, lengths)
-            self.first = done
+                trunc_values[t, idx] = streams.final_values(0, idx, final).float().numpy()
+            _collect(streams.end_episodes(np.logical_or(term, trunc)), returns, lengths)
             self.obs = as_obs(obs)
         write_obs(slot, "obs", T, self.obs)
         action_slot[T] = 0  # row T is the bootstrap: its action is taken in the next unroll
-        first[T] = self.first
-        self.core_state = state
+        bootstrap = streams.inputs()
+        first[T] = bootstrap.first
         if with_last:
-            slot["last_inputs"][T] = extra
-            self.last_inputs = extra
+            slot["last_inputs"][T] = bootstrap.extra
         staged = {
             "first": first,
             "reward": rewards,
@@ -472,45 +372,9 @@ class ActorLoop:
         )
         return UnrollResult(returns, lengths, T * N)
 
-    def _close(
-        self, column: int, terminated: bool = False, truncation_value: float | None = None
-    ) -> None:
-        """Close ``column``'s open decision: at its agent's next decision, or at an episode's
-        end (``terminated``; truncated when a ``truncation_value`` is given)."""
-        decision = self.open[column]
-        if decision is not None:
-            decision.terminated = terminated
-            if truncation_value is not None:
-                decision.truncated = True
-                decision.truncation_value = truncation_value
-            self.closed[column].append(decision)
-            self.open[column] = None
-
-    def _final_value(self, stream: int, key: int, obs: Any) -> float:
-        """The acting policy's value of ``stream``'s final observation at truncation, which
-        continues the agent's sequence (its core state and last inputs, no reset)."""
-        extra = None
-        if self.model.use_last_action_reward:
-            extra = self._last_inputs(stream).unsqueeze(0)
-        state = None
-        if self.core_state is not None:
-            h, c = self.core_state
-            state = (h[:, stream : stream + 1], c[:, stream : stream + 1])
-        batch = map_obs(as_obs(obs), lambda x: x.unsqueeze(0))
-        return float(self.acting.value(key, batch, extra, state)[0])
-
-    def _last_inputs(self, stream: int) -> torch.Tensor:
-        """What ``stream``'s next decision reads of its open one (action, reward since), zero
-        at its first decision of an episode."""
-        decision = self.open[stream]
-        if self.first[stream] or decision is None:
-            return torch.zeros(self.model.extra_features)
-        action = decision.action.unsqueeze(0)
-        return self.model.last_inputs(decision.key, action, torch.tensor([decision.reward]))[0]
-
     def _substep(self, returns: list[float], lengths: list[int]) -> None:
         """Every env's current actor decides and its env steps once."""
-        envs, model, A = self.envs, self.model, self.n_agents
+        envs, streams, A = self.envs, self.streams, self.n_agents
         actions: list = [None] * self.num_envs
         for k in envs.step_keys:
             idx = np.flatnonzero(envs.step_key == k)
@@ -518,68 +382,38 @@ class ActorLoop:
                 continue
             obs = as_obs(envs.obs[k], index=idx)
             mask = torch.from_numpy(envs.masks[k][idx]) if k in envs.masks else None
-            streams = idx * A + envs.agent_id[idx]
-            extra = None
-            if model.use_last_action_reward:
-                extra = torch.stack([self._last_inputs(int(s)) for s in streams])
-            state, before, first = self.core_state, None, None
-            if state is not None:
-                cols = torch.from_numpy(streams)
-                before = (state[0][:, cols], state[1][:, cols])
-                first = torch.from_numpy(self.first[streams])
-            acted = self.acting.act(k, obs, mask, first, before, extra)
-            if state is not None:
-                state[0][:, cols], state[1][:, cols] = acted.core_state
-            action, env_actions = acted.action, acted.env_action
-            log_prob = acted.log_prob.float().numpy()
+            acted, _ = streams.decide(k, obs, mask, streams.streams(idx, envs.agent_id[idx]))
             for j, i in enumerate(idx):
-                actions[i] = env_actions[j]
-                column = int(streams[j])
-                self._close(column)  # its segment ends at this decision
-                self.open[column] = Decision(
-                    k,
-                    map_obs(obs, lambda x, j=j: x[j].clone()),
-                    None if mask is None else mask[j].numpy().copy(),
-                    action[j].clone(),
-                    float(log_prob[j]),
-                    age=self.substeps,
-                    first=bool(self.first[column]),
-                    core_state=None if before is None else (before[0][0, j], before[1][0, j]),
-                    last_inputs=None if extra is None else extra[j],
-                )
-            self.first[streams] = False
+                actions[i] = acted.env_action[j]
         acting = envs.agent_id.copy()
         reward, term, trunc, actor_done, _ = envs.step(actions)
         trunc = np.logical_and(trunc, np.logical_not(term))
+        streams.rewarded(reward)
         for i in range(self.num_envs):
-            for a in range(A):
-                decision = self.open[i * A + a]
-                if decision is not None:
-                    decision.reward += float(reward[i, a])
             if actor_done[i]:
-                self._close(i * A + int(acting[i]), terminated=True)
+                streams.close(i * A + int(acting[i]), terminated=True)
             if term[i] or trunc[i]:
                 finals = envs.final_obs.get(i, {})
                 for a in range(A):
                     stream = i * A + a
-                    final = finals.get(a) if trunc[i] and self.open[stream] else None
+                    final = finals.get(a) if trunc[i] and streams.open[stream] else None
                     if final is None:  # termination, or an env without final observations
-                        self._close(stream, terminated=True)
+                        streams.close(stream, terminated=True)
                     else:
                         key, obs, _ = final
-                        self._close(stream, truncation_value=self._final_value(stream, key, obs))
-                    self.first[stream] = True
-        self.episodes.step(reward[:, 0], np.logical_or(term, trunc), returns, lengths)
-        self.substeps += 1
+                        batch = map_obs(as_obs(obs), lambda x: x.unsqueeze(0))
+                        value = streams.final_values(key, np.array([stream]), batch)
+                        streams.close(stream, truncation_value=float(value[0]))
+        _collect(streams.end_episodes(np.logical_or(term, trunc)), returns, lengths)
 
     def _write_column(
         self, slot: dict[str, torch.Tensor], column: int, stream: int, staged: dict
     ) -> None:
         """Pop ``T`` closed rows of ``stream`` into ``column``; peek the next as row T."""
         T = self.T
-        queue = self.closed[stream]
+        queue = self.streams.closed[stream]
         rows = [queue.popleft() for _ in range(T)]
-        bootstrap = queue[0] if queue else self.open[stream]
+        bootstrap = queue[0] if queue else self.streams.open[stream]
         if bootstrap is not None:
             rows.append(bootstrap)
         for t, d in enumerate(rows):
@@ -604,11 +438,12 @@ class ActorLoop:
 
     def _unroll_decisions(self, slot: dict[str, torch.Tensor]) -> UnrollResult:
         """Step until ``N`` chunks of ``T`` closed decisions are full, write them into ``slot``."""
-        T, C = self.T, len(self.closed)
+        closed = self.streams.closed
+        T, C = self.T, len(closed)
         returns: list[float] = []
         lengths: list[int] = []
-        start = self.substeps
-        while sum(len(q) // T for q in self.closed) < C:
+        start = self.streams.env_steps
+        while sum(len(q) // T for q in closed) < C:
             self._substep(returns, lengths)
         for name, value in slot.items():
             if name.startswith("action_mask"):
@@ -626,15 +461,22 @@ class ActorLoop:
         if len(self.fields) > 1:
             staged["step_key"] = np.zeros((T + 1, C), dtype=np.int64)
         for column in range(C):
-            stream = min((q[0].age, s) for s, q in enumerate(self.closed) if len(q) >= T)[1]
+            stream = min((q[0].age, s) for s, q in enumerate(closed) if len(q) >= T)[1]
             self._write_column(slot, column, stream, staged)
         write_staged(
             slot, staged, self.acting.unroll_version(self.policy_version), self.actor_index
         )
-        return UnrollResult(returns, lengths, (self.substeps - start) * self.num_envs)
+        return UnrollResult(returns, lengths, (self.streams.env_steps - start) * self.num_envs)
 
     def close(self) -> None:
         self.envs.close()
+
+
+def _collect(finished: FinishedEpisodes | None, returns: list[float], lengths: list[int]) -> None:
+    """Append the episodes that ended to an unroll's ``returns`` and ``lengths``."""
+    if finished is not None:
+        returns.extend(float(r) for r in finished.returns)
+        lengths.extend(int(n) for n in finished.lengths)
 
 
 def actor_loop_rate(

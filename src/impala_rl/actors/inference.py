@@ -86,7 +86,7 @@ def allocate_requests(spec: RolloutSpec, num_actors: int, rows: int) -> dict[str
 
 class CentralActing:
     """An actor's side of central inference: the actor loop's ``acting`` (see
-    :class:`impala_rl.rollout.LocalActing`). ``buffers`` are this actor's rows of
+    :class:`impala_rl.decisions.LocalActing`). ``buffers`` are this actor's rows of
     :func:`allocate_requests`; ``model`` is used only for ``to_env`` (its weights are never
     read)."""
 
