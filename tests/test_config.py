@@ -465,10 +465,10 @@ def test_numbers_must_be_finite(override):
 
 def test_choice_tuples_are_defined_once():
     from impala_rl import losses
-    from impala_rl.nn import actor_critic, core, encoders, mlp, structured
+    from impala_rl.nn import actor_critic, core, encoders, structured
 
     assert encoders.ENCODERS is config_module.ENCODERS
-    assert mlp.ACTIVATIONS is config_module.ACTIVATIONS
+    assert encoders.ACTIVATIONS is config_module.ACTIVATIONS
     assert core.CORES is actor_critic.CORES is structured.CORES is config_module.CORES
     assert actor_critic.PRECISIONS is structured.PRECISIONS is config_module.PRECISIONS
     assert structured.CRITIC_MODES is config_module.CRITIC_MODES

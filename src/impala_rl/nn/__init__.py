@@ -14,7 +14,7 @@ from impala_rl.nn.distributions import (
     MultiCategoricalDistribution,
     make_action_head,
 )
-from impala_rl.nn.mlp import ACTIVATIONS, MLP, make_activation
+from impala_rl.nn.encoders import ACTIVATIONS, MLP, make_activation
 from impala_rl.nn.structured import StructuredActorCritic
 
 Model = ActorCritic | StructuredActorCritic

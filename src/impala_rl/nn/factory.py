@@ -12,63 +12,49 @@ from impala_rl.nn.init import initialize
 from impala_rl.nn.structured import StructuredActorCritic
 
 
-def _encoders(model_cfg: ModelConfig) -> dict[str, Any]:
-    """The kwargs of the user's encoders (``model.encoder_kwargs``, ``model.value_encoder``
-    and its kwargs) as the model classes take them."""
+def _model_kwargs(model_cfg: ModelConfig) -> dict[str, Any]:
+    """What both model classes take from ``model``: torsos, the user's encoders, the core,
+    precision, normalization and PopArt."""
     return {
+        "hidden_sizes": tuple(model_cfg.hidden_sizes),
+        "activation": model_cfg.activation,
+        "shared_torso": model_cfg.shared_torso,
+        "encoder": model_cfg.encoder,
+        "core": model_cfg.core,
+        "lstm_hidden_size": model_cfg.lstm_hidden_size,
+        "use_last_action_reward": model_cfg.use_last_action_reward,
+        "precision": model_cfg.precision,
+        "channels_last": model_cfg.channels_last,
+        "actor_hidden_sizes": model_cfg.actor_hidden_sizes,
+        "critic_hidden_sizes": model_cfg.critic_hidden_sizes,
+        "normalize_obs": model_cfg.normalize_obs,
+        "popart_beta": model_cfg.popart_beta if model_cfg.popart else None,
         "encoder_kwargs": dict(model_cfg.encoder_kwargs),
         "value_encoder": model_cfg.value_encoder,
         "value_encoder_kwargs": dict(model_cfg.value_encoder_kwargs),
     }
 
 
-def _obs_keys(model_cfg: ModelConfig) -> dict[str, Any]:
-    """The Dict observation entries the policy and value torsos read (``None``: all)."""
-    return {
-        "policy_obs_keys": model_cfg.policy_obs_keys,
-        "value_obs_keys": model_cfg.value_obs_keys,
-    }
-
-
-def build_model(
+def _plain_model(
     model_cfg: ModelConfig, observation_space: gym.spaces.Box, action_space: gym.Space
 ) -> ActorCritic:
-    """The model for these spaces; a mismatch (e.g. a CNN on vectors) is a ``ConfigError``."""
     try:
-        model = ActorCritic(
+        return ActorCritic(
             observation_space,
             action_space,
-            hidden_sizes=tuple(model_cfg.hidden_sizes),
-            activation=model_cfg.activation,
-            shared_torso=model_cfg.shared_torso,
-            encoder=model_cfg.encoder,
-            core=model_cfg.core,
-            lstm_hidden_size=model_cfg.lstm_hidden_size,
-            use_last_action_reward=model_cfg.use_last_action_reward,
-            precision=model_cfg.precision,
-            channels_last=model_cfg.channels_last,
-            actor_hidden_sizes=model_cfg.actor_hidden_sizes,
-            critic_hidden_sizes=model_cfg.critic_hidden_sizes,
-            normalize_obs=model_cfg.normalize_obs,
-            popart_beta=model_cfg.popart_beta if model_cfg.popart else None,
-            **_encoders(model_cfg),
-            **_obs_keys(model_cfg),
+            policy_obs_keys=model_cfg.policy_obs_keys,
+            value_obs_keys=model_cfg.value_obs_keys,
+            **_model_kwargs(model_cfg),
         )
     except ConfigError:
         raise  # already names its field (a user's encoder, Dict entries)
     except ValueError as exc:
         raise ConfigError(f"model (encoder={model_cfg.encoder!r}): {exc}") from None
-    initialize(model, model_cfg.init)
-    return model
 
 
-def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | StructuredActorCritic:
-    """:func:`build_model` for a plain env, a :class:`StructuredActorCritic` for a structured
-    one (per-key spaces as the structured vector env presents them)."""
-    from impala_rl.envs.structured import KeyObservation, check_structured_env, is_structured
+def _structured_model(model_cfg: ModelConfig, env: Any) -> StructuredActorCritic:
+    from impala_rl.envs.structured import KeyObservation, check_structured_env
 
-    if not is_structured(env):
-        return build_model(model_cfg, env.observation_space, env.action_space)
     for key in ("policy_obs_keys", "value_obs_keys"):
         if getattr(model_cfg, key) is not None:
             raise ConfigError(
@@ -78,31 +64,39 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | Struc
     check_structured_env(env)
     converters = {k: KeyObservation(s, k) for k, s in env.observation_spaces.items()}
     try:
-        model = StructuredActorCritic(
+        return StructuredActorCritic(
             {k: c.space for k, c in converters.items()},
             env.action_spaces,
-            hidden_sizes=tuple(model_cfg.hidden_sizes),
-            activation=model_cfg.activation,
-            encoder=model_cfg.encoder,
             shared_policy=model_cfg.shared_policy,
             critic=model_cfg.critic,
             mask_sizes={k: c.mask_size for k, c in converters.items()},
             n_agents=int(env.n_agents),
-            shared_torso=model_cfg.shared_torso,
-            precision=model_cfg.precision,
-            channels_last=model_cfg.channels_last,
-            actor_hidden_sizes=model_cfg.actor_hidden_sizes,
-            critic_hidden_sizes=model_cfg.critic_hidden_sizes,
-            core=model_cfg.core,
-            lstm_hidden_size=model_cfg.lstm_hidden_size,
-            normalize_obs=model_cfg.normalize_obs,
-            popart_beta=model_cfg.popart_beta if model_cfg.popart else None,
-            use_last_action_reward=model_cfg.use_last_action_reward,
-            **_encoders(model_cfg),
+            **_model_kwargs(model_cfg),
         )
     except ConfigError:
         raise
     except ValueError as exc:
         raise ConfigError(f"model (structured env): {exc}") from None
+
+
+def build_model(
+    model_cfg: ModelConfig, observation_space: gym.spaces.Box, action_space: gym.Space
+) -> ActorCritic:
+    """The model for these spaces; a mismatch (e.g. a CNN on vectors) is a ``ConfigError``."""
+    model = _plain_model(model_cfg, observation_space, action_space)
+    initialize(model, model_cfg.init)
+    return model
+
+
+def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | StructuredActorCritic:
+    """:func:`build_model` for a plain env, a :class:`StructuredActorCritic` for a structured
+    one (per-key spaces as the structured vector env presents them)."""
+    from impala_rl.envs.structured import is_structured
+
+    model: ActorCritic | StructuredActorCritic
+    if is_structured(env):
+        model = _structured_model(model_cfg, env)
+    else:
+        model = _plain_model(model_cfg, env.observation_space, env.action_space)
     initialize(model, model_cfg.init)
     return model
