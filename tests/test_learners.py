@@ -237,8 +237,9 @@ def test_a_learner_killed_mid_run_ends_the_run_with_its_error_and_a_good_checkpo
     deadline = time.monotonic() + 120
     while trainer.counters.epoch < 3 and time.monotonic() < deadline and thread.is_alive():
         time.sleep(0.05)
-    assert trainer.peers is not None and trainer.counters.epoch >= 3
-    pid = trainer.peers.handles[0].pid
+    member = trainer.group_member
+    assert member is not None and member.peers is not None and trainer.counters.epoch >= 3
+    pid = member.peers.handles[0].pid
     os.kill(pid, signal.SIGKILL)
     thread.join(120)
     assert not thread.is_alive()

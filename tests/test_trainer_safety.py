@@ -198,7 +198,9 @@ def test_a_signal_inside_the_stop_vote_stops_every_learner_at_the_same_update(
     assert took < 20, f"the run ended {took:.0f} s after the signal"
     saved = checkpoint.load(tmp_path / "checkpoints" / "last.pt")["counters"]
     assert saved["updates"] == 7 and saved["env_steps"] == summary["env_steps"]
-    assert trainer.peers is not None and trainer.peers.handles[0].exitcode == 0
+    member = trainer.group_member
+    assert member is not None and member.peers is not None
+    assert member.peers.handles[0].exitcode == 0
     assert not _children_left()
 
 

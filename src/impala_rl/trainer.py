@@ -33,17 +33,7 @@ from impala_rl.config import (
     to_dict,
     to_yaml,
 )
-from impala_rl.distributed import (
-    LeaderGpuHold,
-    LearnerGroup,
-    LearnerGroupError,
-    PeerLearners,
-    Rendezvous,
-    learner_device,
-    make_store,
-    report_error,
-    start_peer_learners,
-)
+from impala_rl.distributed import LearnerGroupError, Rendezvous, learner_device
 from impala_rl.envs import EnvError
 from impala_rl.evaluation import (
     BackgroundEvaluator,
@@ -59,6 +49,7 @@ from impala_rl.learner import (
     scheduled_entropy_coef,
     scheduled_lr,
 )
+from impala_rl.learner_group import LearnerGroupMember
 from impala_rl.rundir import RunDirError, lock_run_dir
 from impala_rl.startup import prepare_process, probe_env, resolve_device, seed_everything
 from impala_rl.stats import EpochStatsAggregator, EventRecorder
@@ -110,7 +101,8 @@ class Trainer:
 
     With ``algorithm.num_learners`` > 1 this is learner 0 (the leader): it starts the other
     learners (``rank`` > 0, each a :class:`Trainer` of its own that writes nothing) and
-    makes every decision for the group (see :mod:`impala_rl.distributed`).
+    makes every decision for the group; :attr:`group_member` plays this learner's part in
+    it (see :mod:`impala_rl.learner_group`).
     """
 
     def __init__(
@@ -127,15 +119,14 @@ class Trainer:
         self.resume = resume
         self._restored_recent_returns: list[float] = []
         self.counters = Counters()
-        self.rank, self._rendezvous = rank, rendezvous
+        self.rank = rank
         self.is_leader = rank == 0
         self.device = learner_device(resolve_device(cfg.algorithm.device), rank)
-        self.group: LearnerGroup | None = None
-        self.peers: PeerLearners | None = None
-        self._gpu_hold: LeaderGpuHold | None = None  # Ray: the leader's GPU, held
-        self._wall_over = False  # several learners: the leader's max_wall_time_s verdict
-        self._group_stop = False  # several learners: the stop flag the group agreed on
-        self._unsent_returns: list[float] = []  # a further learner's, until the epoch's end
+        self.group_member: LearnerGroupMember | None = None
+        if cfg.algorithm.num_learners > 1:
+            self.group_member = LearnerGroupMember(
+                cfg, rank, self.device, self.run_dir, resume, Trainer, TRAINING_ERRORS, rendezvous
+            )
         self._saving = threading.Lock()  # held while a checkpoint is written
 
     # -- set-up --------------------------------------------------------------------------------
@@ -234,57 +225,6 @@ class Trainer:
         share = replace(alg, num_actors=alg.num_actors // alg.num_learners)
         return replace(self.cfg, algorithm=share)
 
-    # -- several learners ----------------------------------------------------------------------
-    def _join_group(self) -> None:
-        """Form the learner group (the leader first starts the others) and take the leader's
-        weights, so every learner starts from the same model."""
-        cfg, n = self.cfg, self.cfg.algorithm.num_learners
-        if self.is_leader:
-            host = "127.0.0.1"
-            on_ray = cfg.runner.backend == "ray"
-            if on_ray and cfg.runner.ray_address is not None:
-                import ray
-
-                host = ray.util.get_node_ip_address()
-            store = make_store(host, n)
-            rendezvous = Rendezvous(host, store.port, n)
-            run_dir, resume = str(self.run_dir), self.resume
-            if on_ray and cfg.runner.ray_num_gpus_per_learner > 0 and self.device.type == "cuda":
-                self._gpu_hold = LeaderGpuHold(self.device, cfg.runner.ray_num_gpus_per_learner)
-            self.peers = start_peer_learners(
-                run_peer_learner,
-                lambda rank: (cfg, run_dir, resume, rank, rendezvous),
-                n,
-                on_ray=on_ray,
-                ray_num_gpus=cfg.runner.ray_num_gpus_per_learner,
-                ray_num_cpus=cfg.runner.ray_num_cpus_per_learner,
-            )
-            self.peers.wait_joined(store)
-            self.group = LearnerGroup(
-                0, rendezvous, self.device, store, lambda: self.peers.describe_failure(store)
-            )
-        else:
-            assert self._rendezvous is not None
-            self.group = LearnerGroup(self.rank, self._rendezvous, self.device)
-        self.learner.group = self.group
-        self.group.broadcast_module(self.learner.model)
-        if self.learner.target_model is not None:
-            self.group.broadcast_module(self.learner.target_model)
-
-    def _gather_peer_events(self, actors: DistributedActors) -> None:
-        """At an epoch's end the leader takes the other learners' actor events and episode
-        returns, so its statistics cover every actor."""
-        assert self.group is not None
-        if self.is_leader:
-            gathered = self.group.gather_to_leader(None) or []
-            for values, returns in gathered[1:]:
-                actors.recorder.merge_raw({}, values)
-                self.recent_returns.extend(returns)
-            return
-        _, values = actors.recorder.drain()
-        self.group.gather_to_leader((dict(values), self._unsent_returns))
-        self._unsent_returns = []
-
     def _checkpoint_payload(self) -> dict[str, Any]:
         payload = {
             "format": checkpoint.CHECKPOINT_FORMAT,
@@ -327,9 +267,9 @@ class Trainer:
         self._stop_flag = {"stop": False, "in_step": False, "abort": False, "closing": False}
         stopped_because: str | None = None
         error: BaseException | None = None
-        several = cfg.algorithm.num_learners > 1
-        if several and not self.is_leader:  # its actors start from the leader's weights
-            self._join_group()
+        member = self.group_member
+        if member is not None and not self.is_leader:  # its actors start from the leader's weights
+            member.join(self.learner)
         actors = make_actors(
             self._actors_config(),
             self.env_factory,
@@ -369,7 +309,8 @@ class Trainer:
                 if self.evaluator is not None:
                     self.evaluator.cancel()
                 try:  # the other learners first: their actors may need this learner's Ray
-                    self._leave_group(error is not None or stopped_because == "interrupted")
+                    if member is not None:
+                        member.leave(error is not None or stopped_because == "interrupted")
                 finally:
                     actors.stop()
                     for writer in self.writers:
@@ -389,8 +330,8 @@ class Trainer:
         try:
             actors.start()
             watch.arm()
-            if cfg.algorithm.num_learners > 1 and self.is_leader:
-                self._join_group()
+            if self.group_member is not None and self.is_leader:
+                self.group_member.join(self.learner)
             stopped_because = None
             while stopped_because is None:
                 stopped_because = self._run_epoch(actors)
@@ -447,19 +388,6 @@ class Trainer:
             if not flag["in_step"]:
                 raise KeyboardInterrupt
 
-    def _leave_group(self, failed: bool) -> None:
-        """Close this learner's part of the group; the leader then waits for the others to
-        finish their run and stop their actors (stopping those that do not), so that no
-        learner is left running."""
-        if self.group is not None and (failed or not self.is_leader):
-            self.group.close()  # after a failure, a learner blocked in a collective fails at once
-        if self.peers is not None:
-            self.peers.join(10.0 + 2 * self.cfg.runner.shutdown_timeout_s)
-        if self._gpu_hold is not None:
-            self._gpu_hold.release()
-        if self.group is not None:
-            self.group.close()
-
     def _run_epoch(self, actors: DistributedActors) -> str | None:
         """``epoch_length`` updates, then evaluation and statistics; returns a stop reason."""
         c = self.counters
@@ -473,8 +401,9 @@ class Trainer:
             stopped_because = self._budget_or_signal_stop()
             if stopped_because:
                 break
-        if self.group is not None:
-            self._gather_peer_events(actors)
+        member = self.group_member
+        if member is not None:
+            member.gather_events(actors, self.recent_returns)
         if stopped_because == "interrupted":  # stop soon: no evaluation
             if self.is_leader:
                 self._write_epoch_stats(actors, epoch_start, epoch_steps)
@@ -485,8 +414,8 @@ class Trainer:
         if self.is_leader:
             reason = self._end_epoch(actors, epoch_start, epoch_steps, final)
         reason = stopped_because or reason or self._budget_or_signal_stop(signal_only=True)
-        if self.group is not None:  # evaluation and signals are the leader's
-            reason = self.group.leader_decides(reason)
+        if member is not None:  # evaluation and signals are the leader's
+            reason = member.leader_decides(reason)
         return reason
 
     def _update(
@@ -514,8 +443,10 @@ class Trainer:
                         )
             c.updates = self.learner.num_updates
             env_steps = collected.env_steps
-            if self.group is not None:
-                env_steps = self._group_progress(env_steps)
+            if self.group_member is not None:
+                env_steps = self.group_member.share_progress(
+                    env_steps, self._stop_flag["stop"], time.perf_counter() - self._start_wall
+                )
             c.env_steps += env_steps
             self._follow_schedules()
         t_end = time.perf_counter()
@@ -526,7 +457,11 @@ class Trainer:
             stats.timings = {k: sum(p.timings[k] for p in passes) for k in stats.timings}
         self._record_update(stats, collected, t_collected - t0, t_end - t0)
         returns = actors.recent_returns_since_last_call()
-        (self.recent_returns if self.is_leader else self._unsent_returns).extend(returns)
+        if self.is_leader:
+            self.recent_returns.extend(returns)
+        else:
+            assert self.group_member is not None
+            self.group_member.hold_returns(returns)
         c.wall_time_s = time.perf_counter() - self._start_wall
         if self.console is not None:
             recent = self.recent_returns
@@ -538,22 +473,6 @@ class Trainer:
                 c.epoch,
             )
         return env_steps
-
-    def _group_progress(self, env_steps: int) -> int:
-        """Every learner's env steps of this update, and the leader's stop flags (a signal,
-        ``max_wall_time_s``) on every learner."""
-        assert self.group is not None
-        stop = wall_over = 0.0
-        if self.is_leader:
-            stop = float(self._stop_flag["stop"])
-            limit = self.cfg.max_wall_time_s
-            wall_over = float(limit is not None and time.perf_counter() - self._start_wall >= limit)
-        total, stop, wall_over = self.group.control_sum([env_steps, stop, wall_over])
-        # Decisions read this, never the leader's own flag: a signal that lands during the
-        # call sets that flag on the leader alone, and reaches the group at the next update.
-        self._group_stop = self._group_stop or stop > 0
-        self._wall_over = wall_over > 0
-        return int(total)
 
     @contextmanager
     def _one_step(self) -> Iterator[None]:
@@ -569,16 +488,16 @@ class Trainer:
             raise KeyboardInterrupt
 
     def _budget_or_signal_stop(self, signal_only: bool = False) -> str | None:
-        cfg, c = self.cfg, self.counters
+        cfg, c, member = self.cfg, self.counters, self.group_member
         if not signal_only:
             if cfg.max_env_steps is not None and c.env_steps >= cfg.max_env_steps:
                 return "max_env_steps"
-            if self.group is not None:  # the leader's clock decides for every learner
-                if self._wall_over:
+            if member is not None:  # the leader's clock decides for every learner
+                if member.wall_over:
                     return "max_wall_time_s"
             elif cfg.max_wall_time_s is not None and c.wall_time_s >= cfg.max_wall_time_s:
                 return "max_wall_time_s"
-        signalled = self._group_stop if self.group is not None else self._stop_flag["stop"]
+        signalled = member.stop if member is not None else self._stop_flag["stop"]
         return "interrupted" if signalled else None
 
     def _try_final_checkpoint(self) -> None:
@@ -780,26 +699,3 @@ class Trainer:
         if self.is_leader and self.run_dir.is_dir():
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
-
-
-def run_peer_learner(
-    cfg: RunConfig, run_dir: str, resume: bool, rank: int, rendezvous: Rendezvous
-) -> None:
-    """A further learner's process (or Ray actor): its own actors, the leader's decisions.
-    Ctrl-C reaches the leader, which stops every learner at the same update; SIGTERM (the
-    leader stopping a learner that did not finish) stops its actors and ends it, even while
-    it waits in a collective (see :meth:`Trainer._signal_watch`)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        Trainer(cfg, run_dir=run_dir, resume=resume, rank=rank, rendezvous=rendezvous).train()
-    except BaseException as exc:  # for the leader's error message
-        report_error(rendezvous, rank, f"{type(exc).__name__}: {exc}")
-        if isinstance(exc, TRAINING_ERRORS):
-            raise SystemExit(1) from None  # the leader's one line names it
-        raise  # anything else keeps its traceback
-
-
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
