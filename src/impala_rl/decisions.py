@@ -289,6 +289,11 @@ class DecisionStreams:
         self.episode_length += 1
         self.env_steps += 1
 
+    def reported_rewards(self, reward: np.ndarray, streams: np.ndarray | None = None) -> None:
+        """The reward each of ``streams`` (None: all) received since its last decision, as a
+        caller that steps its env itself reports it (:class:`impala_rl.policy.Policy`)."""
+        self.reward_since[slice(None) if streams is None else streams] = reward
+
     def end_episodes(self, done: np.ndarray) -> FinishedEpisodes | None:
         """End the episodes of the envs where ``done [num_envs]``: every agent's next decision
         there is its first; returns what they scored (None: none ended)."""

@@ -122,8 +122,7 @@ class Policy:
             self._streams = DecisionStreams(model, self._acting, n_envs, self._n_agents)
         elif last_reward is not None:
             reward = np.asarray(last_reward, dtype=np.float64).reshape(-1)
-            index = slice(None) if streams is None else streams
-            self._streams.reward_since[index] = reward
+            self._streams.reported_rewards(reward, streams)
         self._acting.deterministic = deterministic
         acted, _ = self._streams.decide(step_key, x, mask, streams)
         return acted.env_action if batched else acted.env_action[0]
