@@ -3,6 +3,7 @@
     PYTHONPATH=src python benchmarks/batch_update.py pong_appo
     PYTHONPATH=src python benchmarks/batch_update.py pong_appo algorithm.device=cuda \\
         algorithm.actors_batch_size=4 algorithm.envs_per_actor=8
+    PYTHONPATH=src python benchmarks/batch_update.py pong_appo --compile-torso
 
 Builds the preset's model and learner for Atari frames (synthetic uint8 ``[4, 84, 84]``, 6
 actions; no env, no actors) and a batch of ``actors_batch_size * envs_per_actor`` columns of
@@ -32,16 +33,24 @@ from impala_rl.learner import Learner
 from impala_rl.nn.factory import build_model
 
 
-def learner_batch(cfg: RunConfig, device: torch.device) -> Callable[[], None]:
+def learner_batch(
+    cfg: RunConfig, device: torch.device, compile_torso: bool = False
+) -> Callable[[], None]:
     """One batch's work of the preset's learner (seed 0) on synthetic Atari frames on
     ``device``, as training does it: ``num_passes`` passes of ``num_minibatches`` optimizer
     steps, the weights published to shared memory where the trainer broadcasts them
-    (:func:`~impala_rl.config.broadcasts_after`), as the subprocess backend does."""
+    (:func:`~impala_rl.config.broadcasts_after`), as the subprocess backend does.
+    ``compile_torso``: the encoders' forward compiled in place (``torch.compile``, inductor;
+    the state dict keeps its keys), a candidate lever that training does not use yet."""
     alg = cfg.algorithm
     torch.manual_seed(0)
     model = build_model(
         cfg.model, gym.spaces.Box(0, 255, FRAME, np.uint8), gym.spaces.Discrete(N_ACTIONS)
     )
+    if compile_torso:
+        for torso in (model.policy_torso, model.value_torso):
+            if torso is not None:
+                torso.compile(dynamic=False)
     learner = Learner(model, alg, device)
     weights = SharedWeights(learner.model.state_dict())
     columns = alg.actors_batch_size * alg.envs_per_actor
@@ -66,11 +75,16 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--compile-torso",
+        action="store_true",
+        help="compile the encoders' forward in place (torch.compile) before timing",
+    )
     args = parser.parse_args()
     cfg = load_config(args.preset, args.overrides)
     alg = cfg.algorithm
     device = torch.device(alg.device if alg.device != "auto" else "cpu")
-    one_batch = learner_batch(cfg, device)
+    one_batch = learner_batch(cfg, device, args.compile_torso)
     steps = alg.num_passes * alg.num_minibatches
     columns = alg.actors_batch_size * alg.envs_per_actor
 
@@ -79,7 +93,8 @@ def main() -> None:
     times = [1e3 * t for t in timed(one_batch, args.repeats, device)]
     median = statistics.median(times)
     print(
-        f"{args.preset} {' '.join(args.overrides)}: {columns} columns x {alg.n_rollout_steps} "
+        f"{args.preset} {' '.join(args.overrides)}{' (torso compiled)' * args.compile_torso}: "
+        f"{columns} columns x {alg.n_rollout_steps} "
         f"steps, {steps} optimizer steps per batch on {device}: {median:.1f} ms per batch "
         f"({min(times):.1f}-{max(times):.1f}), {median / steps:.2f} ms per step"
     )
