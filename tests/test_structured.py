@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 from gymnasium import spaces
 
 import impala_rl
+from impala_rl.cli import main
 from impala_rl.config import ConfigError, load_config
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.examples import ItemPlacementEnv
@@ -290,10 +292,11 @@ def test_an_lstm_policy_reaches_the_example_envs_optimal_return(tmp_path, backen
 @pytest.mark.parametrize(
     "overrides", [CORE, [*CORE, "model.use_last_action_reward=true"]], ids=["lstm", "lstm-last"]
 )
-def test_load_policy_carries_a_structured_core_as_the_evaluator_does(tmp_path, overrides):
+def test_load_policy_carries_a_structured_core_as_the_evaluator_does(tmp_path, overrides, capsys):
     """``Policy.act`` on a structured env with a core (and last inputs) keeps each agent's
     state from decision to decision: over whole episodes it reads the same inputs and computes
-    the same distributions as ``evaluate`` (``impala eval``) on the same seeds."""
+    the same distributions as ``evaluate`` (``impala eval``) on the same seeds; ``impala
+    eval`` runs the checkpoint."""
     impala_rl.train("multistep_example", [*FAST, *overrides, "max_env_steps=512"], run_dir=tmp_path)
     policy = load_policy(tmp_path, which="last")
     model = policy.model
@@ -330,6 +333,10 @@ def test_load_policy_carries_a_structured_core_as_the_evaluator_does(tmp_path, o
                 torch.testing.assert_close(extra, extra_e)
     with pytest.raises(ValueError, match=r"agent_id=1 is not one of 0\.\.0"):
         policy.act(obs, step_key=0, agent_id=1)
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path), "--episodes", "3", "--which", "last"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["episodes"] == 3 and 0.0 <= report["min_return"] <= report["max_return"] <= 2.0
 
 
 # -- observation normalization and PopArt, per step key and per critic ---------------------------
