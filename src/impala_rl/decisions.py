@@ -278,14 +278,11 @@ class DecisionStreams:
         return self.acting.value(step_key, obs, inputs.extra, inputs.core_state)
 
     def rewarded(self, reward: np.ndarray) -> None:
-        """One env step's rewards, ``[num_envs]`` or ``[num_envs, n_agents]``: every stream's
-        reward since its last decision, and agent 0's episode return."""
-        if reward.ndim == 1:
-            self.reward_since += reward if self.n_agents == 1 else np.repeat(reward, self.n_agents)
-            self.episode_return += reward
-        else:
-            self.reward_since += reward.reshape(-1)
-            self.episode_return += reward[:, 0]
+        """One env step's rewards, ``[num_envs]`` (one agent) or ``[num_envs, n_agents]``:
+        every stream's reward since its last decision, and agent 0's episode return."""
+        per_agent = reward.reshape(self.num_envs, self.n_agents)
+        self.reward_since += per_agent.reshape(-1)
+        self.episode_return += per_agent[:, 0]
         self.episode_length += 1
         self.env_steps += 1
 
@@ -305,10 +302,7 @@ class DecisionStreams:
         )
         self.episode_return[envs] = 0.0
         self.episode_length[envs] = 0
-        if self.n_agents == 1:
-            streams: Any = done
-        else:
-            streams = (envs[:, None] * self.n_agents + np.arange(self.n_agents)).reshape(-1)
+        streams = np.repeat(done, self.n_agents)  # every agent of those envs
         self.first[streams] = True
         self.has_last[streams] = False
         self.reward_since[streams] = 0.0

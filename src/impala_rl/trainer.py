@@ -457,11 +457,10 @@ class Trainer:
             stats.timings = {k: sum(p.timings[k] for p in passes) for k in stats.timings}
         self._record_update(stats, collected, t_collected - t0, t_end - t0)
         returns = actors.recent_returns_since_last_call()
-        if self.is_leader:
-            self.recent_returns.extend(returns)
+        if self.group_member is not None and not self.is_leader:
+            self.group_member.hold_returns(returns)  # the leader's statistics take them
         else:
-            assert self.group_member is not None
-            self.group_member.hold_returns(returns)
+            self.recent_returns.extend(returns)
         c.wall_time_s = time.perf_counter() - self._start_wall
         if self.console is not None:
             recent = self.recent_returns
