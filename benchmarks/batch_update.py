@@ -4,6 +4,7 @@
     PYTHONPATH=src python benchmarks/batch_update.py pong_appo algorithm.device=cuda \\
         algorithm.actors_batch_size=4 algorithm.envs_per_actor=8
     PYTHONPATH=src python benchmarks/batch_update.py pong_appo --compile-torso
+    PYTHONPATH=src python benchmarks/batch_update.py pong_appo --against model.precision=bf16
 
 Builds the preset's model and learner for Atari frames (synthetic uint8 ``[4, 84, 84]``, 6
 actions; no env, no actors) and a batch of ``actors_batch_size * envs_per_actor`` columns of
@@ -11,8 +12,11 @@ actions; no env, no actors) and a batch of ``actors_batch_size * envs_per_actor`
 ``num_minibatches`` optimizer steps (``Learner.minibatches``, ``Learner.update``), the weights
 published to shared memory as the subprocess backend does (after every
 ``broadcast_every``-th step and the batch's last). Prints the median
-and spread (min-max) over ``--repeats`` batches after ``--warmup``. To compare code, run it
+and spread (min-max) over ``--repeats`` batches after ``--warmup``. ``--against KEY=VALUE``
+builds a second learner with those overrides added and alternates their batches (which goes
+first alternates too), then prints both and the ratio of the medians. To compare code, run it
 with each version on ``PYTHONPATH`` in the same session and take the ratio of the medians.
+The learner process's memory is kept as training keeps it (``runner.keep_freed_memory``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from precision import batch_for
 from impala_rl.actors.subprocess import SharedWeights
 from impala_rl.config import RunConfig, broadcasts_after, load_config
 from impala_rl.learner import Learner
+from impala_rl.malloc import keep_freed_memory
 from impala_rl.nn.factory import build_model
 
 
@@ -80,24 +85,43 @@ def main() -> None:
         action="store_true",
         help="compile the encoders' forward in place (torch.compile) before timing",
     )
+    parser.add_argument(
+        "--against",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="also time with these overrides added, batches alternating; print the ratio",
+    )
     args = parser.parse_args()
     cfg = load_config(args.preset, args.overrides)
-    alg = cfg.algorithm
-    device = torch.device(alg.device if alg.device != "auto" else "cpu")
-    one_batch = learner_batch(cfg, device, args.compile_torso)
-    steps = alg.num_passes * alg.num_minibatches
-    columns = alg.actors_batch_size * alg.envs_per_actor
-
-    for _ in range(args.warmup):
-        one_batch()
-    times = [1e3 * t for t in timed(one_batch, args.repeats, device)]
-    median = statistics.median(times)
-    print(
-        f"{args.preset} {' '.join(args.overrides)}{' (torso compiled)' * args.compile_torso}: "
-        f"{columns} columns x {alg.n_rollout_steps} "
-        f"steps, {steps} optimizer steps per batch on {device}: {median:.1f} ms per batch "
-        f"({min(times):.1f}-{max(times):.1f}), {median / steps:.2f} ms per step"
-    )
+    if cfg.runner.keep_freed_memory:  # as the trainer sets up its learner process
+        keep_freed_memory()
+    device = torch.device(cfg.algorithm.device if cfg.algorithm.device != "auto" else "cpu")
+    variants = {" ".join(args.overrides) or "as written": cfg}
+    if args.against:
+        variants[" ".join(args.against)] = load_config(args.preset, args.overrides + args.against)
+    batches = {name: learner_batch(c, device, args.compile_torso) for name, c in variants.items()}
+    for one_batch in batches.values():
+        for _ in range(args.warmup):
+            one_batch()
+    times: dict[str, list[float]] = {name: [] for name in batches}
+    order = list(batches)
+    for i in range(args.repeats):
+        for name in order if i % 2 == 0 else order[::-1]:
+            times[name] += [1e3 * t for t in timed(batches[name], 1, device)]
+    for name, c in variants.items():
+        alg = c.algorithm
+        steps = alg.num_passes * alg.num_minibatches
+        median = statistics.median(times[name])
+        print(
+            f"{args.preset} {name}{' (torso compiled)' * args.compile_torso}: "
+            f"{alg.actors_batch_size * alg.envs_per_actor} columns x {alg.n_rollout_steps} "
+            f"steps, {steps} optimizer steps per batch on {device}: {median:.1f} ms per batch "
+            f"({min(times[name]):.1f}-{max(times[name]):.1f}), {median / steps:.2f} ms per step"
+        )
+    if args.against:
+        base, other = (statistics.median(times[name]) for name in order)
+        print(f"{order[1]} / {order[0]}: {other / base:.3f} per batch")
 
 
 if __name__ == "__main__":
