@@ -91,18 +91,21 @@ def sized_settings(cfg: RunConfig, machine: Machine, given: set[str] | None = No
     overrides, already in ``cfg``) are left out and the others follow them (a given actor
     count sets the batch). Empty for a machine of 2 cores or fewer without a GPU or bf16 units."""
     given = given or set()
-    a = cfg.algorithm
-    on_gpu = machine.gpu is not None and ("algorithm.device" not in given or a.device != "cpu")
-    out: dict[str, object] = {}
-    if (
-        not on_gpu
-        and machine.cpu_bf16
-        and cfg.model.encoder in BF16_ENCODERS
-        and cfg.model.precision == "fp32"
-    ):
+    on_gpu = machine.gpu is not None and (
+        "algorithm.device" not in given or cfg.algorithm.device != "cpu"
+    )
+    out = _process_layout(cfg, machine, on_gpu, given)
+    fp32_cnn = cfg.model.encoder in BF16_ENCODERS and cfg.model.precision == "fp32"
+    if not on_gpu and machine.cpu_bf16 and fp32_cnn:
         out["model.precision"] = "bf16"
-    if not on_gpu and machine.cores <= 2:
-        return {k: v for k, v in out.items() if k not in given}
+    return {k: v for k, v in out.items() if k not in given}
+
+
+def _process_layout(cfg: RunConfig, machine: Machine, on_gpu: bool, given: set[str]) -> dict:
+    """Where actors, the learner and inference run, and the batch and epoch that follow; empty
+    on 2 cores or fewer without a GPU."""
+    a = cfg.algorithm
+    out: dict[str, object] = {}
     if on_gpu:
         actors = a.num_actors if "algorithm.num_actors" in given else machine.cores
         out["algorithm.device"] = "cuda"
@@ -111,17 +114,19 @@ def sized_settings(cfg: RunConfig, machine: Machine, given: set[str] | None = No
             out["runner.inference"] = "central"
             servers = max(1, min(actors, machine.cores // CORES_PER_SERVER))
             out["runner.inference_servers"] = servers
-    else:
+    elif machine.cores > 2:
         actors = a.num_actors if "algorithm.num_actors" in given else machine.cores // 2
         out["algorithm.actors_batch_size"] = actors
         out["runner.learner_threads"] = max(1, machine.cores - actors)
+    else:
+        return out
     out["algorithm.num_actors"] = actors
     if "algorithm.actors_batch_size" not in given:
         batch = int(out["algorithm.actors_batch_size"])  # type: ignore[call-overload]
         out["algorithm.epoch_length"] = max(1, round(a.epoch_length * a.actors_batch_size / batch))
     if "vector_threads" in cfg.env.kwargs:
         out["env.kwargs.vector_threads"] = 1
-    return {k: v for k, v in out.items() if k not in given}
+    return out
 
 
 def size_to_machine(
