@@ -53,9 +53,10 @@ def learner_batch(
         cfg.model, gym.spaces.Box(0, 255, FRAME, np.uint8), gym.spaces.Discrete(N_ACTIONS)
     )
     if compile_torso:
-        for torso in (model.policy_torso, model.value_torso):
-            if torso is not None:
-                torso.compile(dynamic=False)
+        torsos = {id(t): t for c in model.critic_keys for t in (model.critic_torso(c),)}
+        torsos.update({id(net.torso): net.torso for net in model.policies.values()})
+        for torso in torsos.values():
+            torso.compile(dynamic=False)
     learner = Learner(model, alg, device)
     weights = SharedWeights(learner.model.state_dict())
     columns = alg.actors_batch_size * alg.envs_per_actor

@@ -2,8 +2,11 @@
 
 Each run trains a preset on the sequential backend (deterministic) for a few thousand env
 steps and prints the first 16 hex digits of a sha256 over its final weights, in the order of
-their names (an ``action_head.`` prefix counts as ``policy_head.``, the name it has since the
-keyed model interface). Run it before and after a change: equal digits, equal weights.
+their names as today's model has them (a plain env's model of an earlier version named its
+parts ``policy_torso``, ``value_torso``, ``policy_head`` or ``action_head``, ``value_head`` and
+``obs_norm``: they count as step key 0's ``policies.0.torso``, ...), so a checkout from before
+a rename gives the same digits for the same weights. Run it before and after a change: equal
+digits, equal weights.
 
     python scripts/weights_fingerprint.py
 """
@@ -34,6 +37,23 @@ RUNS = {
 }
 
 
+EARLIER = {
+    "policy_torso.": "policies.0.torso.",
+    "value_torso.": "critics.0.torso.",
+    "policy_head.": "policies.0.action_head.",
+    "action_head.": "policies.0.action_head.",
+    "value_head.": "critics.0.head.",
+    "obs_norm.": "obs_norms.0.",
+}
+
+
+def todays_name(name: str) -> str:
+    for old, new in EARLIER.items():
+        if name.startswith(old):
+            return new + name[len(old) :]
+    return name
+
+
 def fingerprint(preset: str, overrides: list[str]) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
@@ -43,7 +63,7 @@ def fingerprint(preset: str, overrides: list[str]) -> str:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         state = checkpoint.load(run / "checkpoints" / "last.pt")["model"]
     digest = hashlib.sha256()
-    for name in sorted(state, key=lambda n: n.replace("action_head", "policy_head")):
+    for name in sorted(state, key=todays_name):
         digest.update(state[name].detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
 

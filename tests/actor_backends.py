@@ -41,7 +41,9 @@ def make_actors(
         action_space,
     )
     if normalize_obs:  # statistics far from the identity, so that using them shows
-        model.obs_norm.update(torch.randn(64, *observation_space.shape) * 0.1 + 0.5)
+        model.observation_normalizer(0).update(
+            torch.randn(64, *observation_space.shape) * 0.1 + 0.5
+        )
     settings = {
         "num_actors": 2,
         "envs_per_actor": 2,

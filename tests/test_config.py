@@ -465,13 +465,13 @@ def test_numbers_must_be_finite(override):
 
 def test_choice_tuples_are_defined_once():
     from impala_rl import losses
-    from impala_rl.nn import actor_critic, core, encoders, structured
+    from impala_rl.nn import actor_critic, core, encoders
 
     assert encoders.ENCODERS is config_module.ENCODERS
     assert encoders.ACTIVATIONS is config_module.ACTIVATIONS
-    assert core.CORES is actor_critic.CORES is structured.CORES is config_module.CORES
-    assert actor_critic.PRECISIONS is structured.PRECISIONS is config_module.PRECISIONS
-    assert structured.CRITIC_MODES is config_module.CRITIC_MODES
+    assert core.CORES is actor_critic.CORES is config_module.CORES
+    assert actor_critic.PRECISIONS is config_module.PRECISIONS
+    assert actor_critic.CRITIC_MODES is config_module.CRITIC_MODES
     assert losses.REWARD_CLIPPING_MODES is config_module.REWARD_CLIPPING_MODES
     choices = " | ".join(config_module.ENCODERS)
     assert RULES["model.encoder"].valid == f"{choices} | package.module:Class (your own encoder)"

@@ -58,7 +58,7 @@ def test_building_the_env_says_in_one_line_which_entries_are_left_out(caplog):
 def test_an_encoder_per_entry_features_concatenated():
     env = EnvFactory("dict_envs:make_env")()
     model = ActorCritic(env.observation_space, env.action_space, hidden_sizes=(8,))
-    torso = model.policy_torso
+    torso = model.policies["0"].torso
     assert isinstance(torso, DictEncoder)
     assert isinstance(torso.entries["image"], MinAtarCNN)  # 5x5: the small-image CNN
     assert isinstance(torso.entries["direction"], OneHotEncoder)
@@ -151,7 +151,7 @@ def test_a_user_encoder_reads_the_dict():
         encoder="user_nets:DictTorso",
         encoder_kwargs={"width": 6},
     )
-    assert model.policy_torso.out_features == 6
+    assert model.policies["0"].torso.out_features == 6
     obs = {
         "image": torch.zeros(2, 3, 3, 5, 5, dtype=torch.uint8),
         "direction": torch.zeros(2, 3, dtype=torch.int64),
@@ -199,8 +199,8 @@ def test_the_policy_and_the_critic_read_the_entries_chosen_for_them():
     from impala_rl.nn.factory import build_model
 
     model = build_model(cfg, env.observation_space, env.action_space)
-    assert list(model.policy_torso.entries) == ["direction"]
-    assert list(model.value_torso.entries) == ["direction", "image", "pos"]
+    assert list(model.policies["0"].torso.entries) == ["direction"]
+    assert list(model.critics["0"].torso.entries) == ["direction", "image", "pos"]
     dark, bright = _dict_batch(0), _dict_batch(255)
     dist_dark, value_dark = model.policy_value(0, dark)
     dist_bright, value_bright = model.policy_value(0, bright)

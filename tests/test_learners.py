@@ -112,7 +112,7 @@ def test_two_learners_take_one_learners_step_on_the_concatenated_batches(tmp_pat
             torch.testing.assert_close(leader[name], value, rtol=1e-4, atol=1e-6, msg=name)
         if name.endswith("weight"):
             assert not torch.equal(value, start[name]), f"{name} did not move"
-    assert int(leader["obs_norm.count"]) == 2 * UPDATES * T * ENVS
+    assert int(leader["obs_norms.0.count"]) == 2 * UPDATES * T * ENVS
 
 
 def test_num_learners_must_divide_num_actors():

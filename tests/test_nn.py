@@ -281,7 +281,7 @@ ACTION_SPACES = [
 def test_actor_critic_shapes(action_space: gymnasium.Space, shared: bool) -> None:
     model = ActorCritic(OBS, action_space, hidden_sizes=(16, 16), shared_torso=shared)
     head = model.action_head(0)
-    assert head is model.policy_head
+    assert head is model.action_head(0)
     for batch in [(T, B), (B,)]:
         dist, value = model.policy_value(0, torch.randn(*batch, 4))
         assert isinstance(dist, ActionDistribution)
@@ -365,20 +365,31 @@ def test_act_without_a_core_samples_the_policy(action_space: gymnasium.Space) ->
 def test_a_state_dict_with_the_old_action_head_names_loads_with_identical_outputs(
     action_space: gymnasium.Space, nested: bool
 ) -> None:
-    """Checkpoints written before the keyed interface name the action head ``action_head.*``;
-    they load (strictly) into the model, whose head is ``policy_head.*``, with the same
-    outputs. ``nested``: the model is a submodule (its names carry a prefix)."""
+    """Checkpoints written before one class served every env name a plain env's parts
+    ``action_head.*`` (earliest), ``policy_torso.*``, ``value_torso.*`` and ``value_head.*``;
+    they load (strictly) into the model, whose parts are step key 0's
+    (``policies.0.action_head.*``, ...), with the same outputs. ``nested``: the model is a
+    submodule (its names carry a prefix)."""
     torch.manual_seed(0)
     saved = ActorCritic(OBS, action_space, hidden_sizes=(8,), shared_torso=False)
     torch.manual_seed(1)
     fresh = ActorCritic(OBS, action_space, hidden_sizes=(8,), shared_torso=False)
     names = saved.state_dict().keys()
-    assert any(n.startswith("policy_head.") for n in names)
-    assert not any(n.startswith("action_head.") for n in names)
-    old = {
-        ("action_head." + k[len("policy_head.") :] if k.startswith("policy_head.") else k): v
-        for k, v in saved.state_dict().items()
+    assert any(n.startswith("policies.0.action_head.") for n in names)
+    earlier = {
+        "policies.0.action_head.": "action_head.",
+        "policies.0.torso.": "policy_torso.",
+        "critics.0.torso.": "value_torso.",
+        "critics.0.head.": "value_head.",
     }
+
+    def earlier_name(name: str) -> str:
+        for new, old_name in earlier.items():
+            if name.startswith(new):
+                return old_name + name[len(new) :]
+        raise AssertionError(name)
+
+    old = {earlier_name(k): v for k, v in saved.state_dict().items()}
     assert any(k.startswith("action_head.") for k in old)
     obs = torch.randn(T, B, 4, generator=gen(2))
     with torch.no_grad():
@@ -447,13 +458,13 @@ def _gain(weight: torch.Tensor) -> float:
 def test_orthogonal_init_uses_the_usual_gains_per_layer_type():
     torch.manual_seed(0)
     model = _mlp_model(init="orthogonal", hidden_sizes=[32, 32])
-    hidden = [m for m in model.policy_torso.modules() if isinstance(m, torch.nn.Linear)]
+    hidden = [m for m in model.policies["0"].torso.modules() if isinstance(m, torch.nn.Linear)]
     assert len(hidden) == 2
     for layer in hidden:
         assert _gain(layer.weight) == pytest.approx(np.sqrt(2), rel=1e-4)
         assert not layer.bias.any()
     assert _gain(model.action_head(0).logits.weight) == pytest.approx(0.01, rel=1e-4)
-    assert _gain(model.value_head.weight) == pytest.approx(1.0, rel=1e-4)
+    assert _gain(model.critics["0"].head.weight) == pytest.approx(1.0, rel=1e-4)
 
 
 def test_torch_init_is_pytorchs_default_and_builtin_is_unchanged():
@@ -465,7 +476,7 @@ def test_torch_init_is_pytorchs_default_and_builtin_is_unchanged():
         assert torch.equal(a, b)
     torch.manual_seed(0)
     default = _mlp_model(init="torch")
-    first = next(m for m in default.policy_torso.modules() if isinstance(m, torch.nn.Linear))
+    first = next(m for m in default.policies["0"].torso.modules() if isinstance(m, torch.nn.Linear))
     bound = 1 / np.sqrt(first.in_features)  # PyTorch's Linear init: U(-1/sqrt(in), 1/sqrt(in))
     assert first.bias.abs().max() <= bound and first.bias.abs().max() > 0
     assert first.weight.abs().max() <= bound
@@ -475,7 +486,7 @@ def test_actor_and_critic_torsos_take_their_own_sizes():
     model = _mlp_model(actor_hidden_sizes=[8], critic_hidden_sizes=[32, 16])
     widths = [
         [m.out_features for m in torso.modules() if isinstance(m, torch.nn.Linear)]
-        for torso in (model.policy_torso, model.value_torso)
+        for torso in (model.policies["0"].torso, model.critics["0"].torso)
     ]
     assert widths == [[8], [32, 16]]
     dist, value = model.policy_value(0, torch.zeros(5, 6))

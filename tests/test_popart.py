@@ -62,12 +62,12 @@ def test_policy_gradient_is_invariant_to_the_reward_scale_with_popart(popart):
         ModelConfig(hidden_sizes=[16], popart=popart), space, gym.spaces.Discrete(2)
     )
     if popart:
-        small.value_head.mu.fill_(3.0)
-        small.value_head.nu.fill_(3.0**2 + 2.0**2)  # sigma 2
+        small.critics["0"].head.mu.fill_(3.0)
+        small.critics["0"].head.nu.fill_(3.0**2 + 2.0**2)  # sigma 2
     large = copy.deepcopy(small)
     if popart:
-        large.value_head.mu.mul_(100.0)  # values x100, the normalized layer unchanged
-        large.value_head.nu.mul_(100.0**2)
+        large.critics["0"].head.mu.mul_(100.0)  # values x100, the normalized layer unchanged
+        large.critics["0"].head.nu.mul_(100.0**2)
     grads_small = _grads_after_update(small, _batch(small, 1.0))
     grads_large = _grads_after_update(large, _batch(large, 100.0))
     same = all(
@@ -76,5 +76,7 @@ def test_policy_gradient_is_invariant_to_the_reward_scale_with_popart(popart):
     )
     assert same is popart
     if popart:
-        torch.testing.assert_close(large.value_head.mu, small.value_head.mu * 100)
-        torch.testing.assert_close(large.value_head.sigma, small.value_head.sigma * 100)
+        torch.testing.assert_close(large.critics["0"].head.mu, small.critics["0"].head.mu * 100)
+        torch.testing.assert_close(
+            large.critics["0"].head.sigma, small.critics["0"].head.sigma * 100
+        )

@@ -119,7 +119,7 @@ def test_a_bf16_learner_update_trains_fp32_weights():
 
 def test_channels_last_gives_the_same_outputs_and_survives_weight_transfer():
     ref, cl = _pair(FRAMES, channels_last=True)
-    conv = cl.policy_torso.convs[0].weight
+    conv = cl.policies["0"].torso.convs[0].weight
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
     obs = _obs(FRAMES)
     with torch.no_grad():
@@ -134,7 +134,7 @@ def test_channels_last_gives_the_same_outputs_and_survives_weight_transfer():
             p.add_(0.01)
     shared.publish(ref.state_dict(), 1)
     assert shared.read_into(cl, 0) == 1
-    assert cl.policy_torso.convs[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert cl.policies["0"].torso.convs[0].weight.is_contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
         torch.testing.assert_close(
             cl.policy(0, obs).logits, ref.policy(0, obs).logits, **NCHW_VS_NHWC

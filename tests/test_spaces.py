@@ -148,12 +148,12 @@ def test_observation_spaces(name):
         assert len(env_actions()) == 2 * 2 * T * N
         return
     if name == "image_uint8":
-        assert model.obs_shape == (4, 4, 3)
+        assert model.observation_spaces[0].shape == (4, 4, 3)
         assert batches[0]["obs"].dtype == torch.uint8
     else:
-        assert model.obs_shape == (OBS_DIMS[name],)
+        assert model.observation_spaces[0].shape == (OBS_DIMS[name],)
         assert batches[0]["obs"].dtype == torch.float32
-    assert batches[0]["obs"].shape == (T + 1, 2 * N, *model.obs_shape)
+    assert batches[0]["obs"].shape == (T + 1, 2 * N, *model.observation_spaces[0].shape)
     # observations vary (the flattening kept the content)
     assert not torch.equal(batches[0]["obs"][0], batches[0]["obs"][1])
     assert len(env_actions()) == 2 * 2 * T * N

@@ -20,8 +20,8 @@ from impala_rl.envs.factory import EnvError
 from impala_rl.envs.structured import ActorID, StructuredEnv, StructuredVectorEnv
 from impala_rl.evaluation import evaluate
 from impala_rl.learner import Learner
+from impala_rl.nn import ActorCritic
 from impala_rl.nn.factory import build_model_for_env
-from impala_rl.nn.structured import StructuredActorCritic
 from impala_rl.policy import load_policy
 from impala_rl.rollout import ActorLoop, rollout_spec_for
 from impala_rl.trainer import Trainer
@@ -557,7 +557,7 @@ def test_structured_env_needs_keys_0_to_k():
 def test_model_per_key_spaces_and_shared_policy_needs_equal_spaces():
     cfg = load_config("multistep_example")
     model = build_model_for_env(cfg.model, ItemPlacementEnv())
-    assert isinstance(model, StructuredActorCritic)
+    assert isinstance(model, ActorCritic) and len(model.step_keys) > 1
     assert model.policy(0, torch.zeros(4, 7)).batch_shape == (4,)
     assert model.policy(1, torch.zeros(4, 5)).logits.shape == (4, 4)
     assert model.value(1, torch.zeros(3, 5)).shape == (3,)
@@ -579,7 +579,7 @@ def test_bf16_and_a_shared_torso_are_accepted_on_structured_envs():
     cfg = load_config("multistep_example", ["model.precision=bf16", "model.shared_torso=true"])
     model = build_model_for_env(cfg.model, ItemPlacementEnv())
     for k in model.step_keys:  # each key's critic reads its policy's encoder
-        assert model.critics[str(k)].torso is model.policies[str(k)].torso
+        assert model.critic_torso(k) is model.policies[str(k)].torso
     dtypes = []
     first_linear = next(
         m for m in model.policies["0"].torso.modules() if isinstance(m, torch.nn.Linear)
@@ -664,7 +664,7 @@ def test_trained_structured_policy_loads_and_acts_per_step_key(tmp_path):
         run_dir=tmp_path,
     )
     policy = load_policy(tmp_path)
-    assert isinstance(policy.model, StructuredActorCritic)
+    assert isinstance(policy.model, ActorCritic) and len(policy.model.step_keys) > 1
     env = policy.env_factory()
     obs, _ = env.reset(seed=0)
     keys_seen = set()

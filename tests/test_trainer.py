@@ -192,26 +192,26 @@ def _burn_in_trainer(run_dir: Path, n_epochs: int) -> Trainer:
 def test_critic_burn_in_freezes_the_policy_for_its_epochs(tmp_path, initial_weights):
     trainer = _burn_in_trainer(tmp_path / "one", n_epochs=1)
     model, initial = trainer.learner.model, initial_weights[0]
-    assert not model.shared_torso
-    # The policy (torso and action head, policy_head) is bit-for-bit untouched by three updates...
-    assert not any(_changed(model, "policy_torso.", initial))
-    assert not any(_changed(model, "policy_head.", initial))
+    assert model.critic_torso(0) is not model.policies["0"].torso
+    # The policy (torso and action head) is bit-for-bit untouched by three updates...
+    assert not any(_changed(model, "policies.0.torso.", initial))
+    assert not any(_changed(model, "policies.0.action_head.", initial))
     # ...while the critic learned.
-    assert all(_changed(model, "value_head.", initial))
-    assert all(_changed(model, "value_torso.", initial))
+    assert all(_changed(model, "critics.0.head.", initial))
+    assert all(_changed(model, "critics.0.torso.", initial))
 
     # After the burn-in epoch the policy trains.
     trainer = _burn_in_trainer(tmp_path / "two", n_epochs=2)
     model, initial = trainer.learner.model, initial_weights[1]
-    assert all(_changed(model, "policy_torso.", initial))
-    assert all(_changed(model, "policy_head.", initial))
+    assert all(_changed(model, "policies.0.torso.", initial))
+    assert all(_changed(model, "policies.0.action_head.", initial))
 
 
 def test_without_burn_in_the_policy_trains_in_epoch_one(tmp_path, initial_weights):
     cfg = load_config("cartpole", [*FAST, "algorithm.n_epochs=1", "algorithm.epoch_length=3"])
     trainer = Trainer(cfg, run_dir=tmp_path)
     trainer.train()
-    assert all(_changed(trainer.learner.model, "policy_head.", initial_weights[0]))
+    assert all(_changed(trainer.learner.model, "policies.0.action_head.", initial_weights[0]))
 
 
 # -- resume --------------------------------------------------------------------------------------
@@ -377,16 +377,18 @@ def test_observation_statistics_round_trip_through_checkpoints_and_load_policy(t
         _train(tmp_path, "model.normalize_obs=true", "algorithm.n_epochs=2", "target_return=null")
     data = torch.cat(seen)
     last = checkpoint.load(tmp_path / "checkpoints" / "last.pt")["model"]
-    assert int(last["obs_norm.count"]) == len(data)
-    torch.testing.assert_close(last["obs_norm.mean"], data.mean(0))
-    torch.testing.assert_close(last["obs_norm.var"], data.var(0, unbiased=False))
+    assert int(last["obs_norms.0.count"]) == len(data)
+    torch.testing.assert_close(last["obs_norms.0.mean"], data.mean(0))
+    torch.testing.assert_close(last["obs_norms.0.var"], data.var(0, unbiased=False))
     policy = load_policy(tmp_path, which="last")
-    assert torch.equal(policy.model.obs_norm.mean, last["obs_norm.mean"])
+    assert torch.equal(policy.model.observation_normalizer(0).mean, last["obs_norms.0.mean"])
     obs = torch.tensor([[0.1, 0.5, -0.05, 0.3]])
-    expected = policy.model.policy_torso(
+    expected = policy.model.policies["0"].torso(
         ((obs.double() - data.mean(0)) / (data.var(0, unbiased=False) + 1e-8).sqrt()).float()
     )
-    torch.testing.assert_close(policy.model.policy_torso(policy.model._check(obs)), expected)
+    torch.testing.assert_close(
+        policy.model.policies["0"].torso(policy.model.normalized(0, obs)), expected
+    )
 
 
 def test_num_passes_takes_that_many_optimizer_steps_per_batch(tmp_path):

@@ -34,14 +34,14 @@ def _inner(torso: torch.nn.Module) -> torch.nn.Module:
 def test_an_encoder_by_import_path_is_built_with_its_kwargs_for_both_torsos():
     cfg = ModelConfig(encoder="user_nets:Torso", encoder_kwargs={"width": 12, "depth": 2})
     model = build_model(cfg, BOX, ACTIONS)
-    for torso in (model.policy_torso, model.value_torso):
+    for torso in (model.policies["0"].torso, model.critics["0"].torso):
         assert type(_inner(torso)) is user_nets.Torso
         assert torso.out_features == 12
-    assert _inner(model.policy_torso) is not _inner(model.value_torso)
+    assert _inner(model.policies["0"].torso) is not _inner(model.critics["0"].torso)
     dist, values = model.policy_value(0, torch.zeros(3, 5, 4))
     assert values.shape == (3, 5) and dist.sample().shape == (3, 5)
     # the user's module sees one batch dimension, whatever the model is given
-    assert _inner(model.policy_torso).batch_shapes[-1] == (15, 4)
+    assert _inner(model.policies["0"].torso).batch_shapes[-1] == (15, 4)
 
 
 def test_the_value_torso_takes_its_own_class_and_kwargs_or_a_built_in():
@@ -51,14 +51,14 @@ def test_the_value_torso_takes_its_own_class_and_kwargs_or_a_built_in():
         value_encoder_kwargs={"units": 6},
     )
     model = build_model(cfg, BOX, ACTIONS)
-    assert type(_inner(model.policy_torso)) is user_nets.Torso
-    assert type(_inner(model.value_torso)) is user_nets.ValueTorso
-    assert model.value_torso.out_features == 6
+    assert type(_inner(model.policies["0"].torso)) is user_nets.Torso
+    assert type(_inner(model.critics["0"].torso)) is user_nets.ValueTorso
+    assert model.critics["0"].torso.out_features == 6
     assert model.value(0, torch.zeros(2, 4)).shape == (2,)
 
     mixed = build_model(ModelConfig(encoder="user_nets:Torso", value_encoder="mlp"), BOX, ACTIONS)
-    assert isinstance(mixed.value_torso, MLPEncoder)
-    assert type(_inner(mixed.policy_torso)) is user_nets.Torso
+    assert isinstance(mixed.critics["0"].torso, MLPEncoder)
+    assert type(_inner(mixed.policies["0"].torso)) is user_nets.Torso
 
 
 def test_a_structured_env_builds_each_key_s_encoder_from_the_path():
@@ -156,7 +156,7 @@ def test_a_user_encoder_trains_resumes_evaluates_and_loads_from_the_recorded_pat
     assert resumed["updates"] == 4
 
     policy = impala_rl.load_policy(run_dir, which="last")
-    torso = policy.model.policy_torso
+    torso = policy.model.policies["0"].torso
     assert type(_inner(torso)) is user_nets.Torso and torso.out_features == 10
     action = policy.act(np.zeros(4, np.float32))
     assert ACTIONS.contains(int(action))

@@ -85,14 +85,22 @@ def start_square_avg(optimizer: torch.optim.Optimizer, value: float) -> None:
 
 
 def load_optimizer_state(
-    optimizer: torch.optim.Optimizer, state: dict[str, Any], cfg: ImpalaAlgorithmConfig
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    cfg: ImpalaAlgorithmConfig,
+    saved_order: list[str] | None = None,
+    order: list[str] | None = None,
 ) -> None:
     """Restore a saved optimizer state under the *current* config's hyperparameters.
 
     ``Optimizer.load_state_dict`` also restores the saved hyperparameters, which would silently
     drop overrides given on resume (``adam_betas``, ``optimizer_eps``, ``rmsprop_alpha``,
     ``rmsprop_momentum``). Momentum switched on at resume starts from zero, as in a fresh run.
+    ``saved_order`` and ``order`` name the parameters in the saved and in today's order
+    (an earlier version listed them in another): each one's state follows its name.
     """
+    if saved_order is not None and order is not None and saved_order != order:
+        state = reordered_optimizer_state(state, saved_order, order)
     optimizer.load_state_dict(state)
     settings = optimizer_settings(cfg)
     for group in optimizer.param_groups:
@@ -104,6 +112,24 @@ def load_optimizer_state(
                     param_state["momentum_buffer"] = torch.zeros_like(
                         p, memory_format=torch.preserve_format
                     )
+
+
+def reordered_optimizer_state(
+    state: dict[str, Any], saved_order: list[str], order: list[str]
+) -> dict[str, Any]:
+    """A one-group optimizer state whose parameters were saved as ``saved_order``, for a
+    model that lists the same parameters as ``order``."""
+    groups = state["param_groups"]
+    if len(groups) != 1 or sorted(saved_order) != sorted(order):
+        raise ValueError(
+            "the saved optimizer state does not fit this model's parameters: "
+            f"saved {len(saved_order)}, now {len(order)}"
+        )
+    ids = groups[0]["params"]
+    at = {name: ids[i] for i, name in enumerate(saved_order)}
+    saved = state["state"]
+    new_state = {i: saved[at[name]] for i, name in enumerate(order) if at[name] in saved}
+    return {"state": new_state, "param_groups": [{**groups[0], "params": list(range(len(order)))}]}
 
 
 def linear_decay(initial: float, final: float, env_steps: int, horizon: int | None) -> float:

@@ -20,7 +20,7 @@ from impala_rl.envs import EnvFactory
 from impala_rl.envs.structured import is_structured
 from impala_rl.nn import Model
 from impala_rl.nn.factory import build_model_for_env
-from impala_rl.nn.observations import any_tensor, as_obs, map_obs
+from impala_rl.nn.observations import any_tensor, as_obs, map_obs, stack_obs
 from impala_rl.rundir import RunDirError
 
 
@@ -85,8 +85,8 @@ class Policy:
         step_key: int | None = None,
         agent_id: int = 0,
     ) -> Any:
-        """Action for one observation as the env returns it, or for a batch ``[N, *obs]`` of
-        model-form observations; returned in the env's action format. ``last_reward`` (a
+        """Action for one observation, or for a batch ``[N, ...]`` of them, as the env returns
+        them or in the model's form; returned in the env's action format. ``last_reward`` (a
         number or ``[N]``) is the reward since the agent's previous decision, for models that
         read it. ``step_key`` and ``agent_id``: who acts (structured envs; one observation, its
         ``action_mask`` respected)."""
@@ -102,21 +102,7 @@ class Policy:
             batched, n_envs, streams = False, 1, np.array([agent_id])
         else:
             step_key, mask = 0, None
-            entries = getattr(model, "entry_shapes", None)
-            if self._raw_space.contains(obs) if not isinstance(obs, torch.Tensor) else False:
-                x = map_obs(as_obs(_arrays(self._to_model(obs))), lambda t: t.unsqueeze(0))
-                batched = False
-            elif entries:  # model-form Dict observations: {entry: [N, *o]} or one of them
-                x = as_obs(_arrays(obs))
-                name, shape = next(iter(entries.items()))
-                batched = x[name].ndim > len(shape)
-                if not batched:
-                    x = map_obs(x, lambda t: t.unsqueeze(0))
-            else:
-                x = torch.as_tensor(np.asarray(obs))
-                batched = x.ndim > len(model.obs_shape)
-                if not batched:
-                    x = x.unsqueeze(0)
+            x, batched = self._model_batch(obs)
             n_envs = any_tensor(x).shape[0]
         if self._streams is None or self._streams.num_envs != n_envs:  # new episodes
             self._streams = DecisionStreams(model, self._acting, n_envs, self._n_agents)
@@ -126,6 +112,28 @@ class Policy:
         self._acting.deterministic = deterministic
         acted, _ = self._streams.decide(step_key, x, mask, streams)
         return acted.env_action if batched else acted.env_action[0]
+
+    def _model_batch(self, obs: Any) -> tuple[Any, bool]:
+        """A plain env's ``obs`` as a model batch ``[N, *o]``, and whether it was a batch: one
+        observation or a batch ``[N, ...]`` of them, as the env returns them or in the model's
+        form, told apart by their shapes (not their dtypes: a float64 vector of a float32 Box
+        is one observation)."""
+        if isinstance(obs, torch.Tensor):
+            obs = obs.detach().cpu().numpy()
+        raw, model_space = self._raw_space, self.model.observation_spaces[0]
+        if _fits(obs, raw, 0):
+            return map_obs(as_obs(_arrays(self._to_model(obs))), lambda t: t.unsqueeze(0)), False
+        if _fits(obs, raw, 1):
+            rows = [self._to_model(row) for row in _rows(obs)]
+            return stack_obs([_arrays(row) for row in rows]), True
+        for batched in (False, True):
+            if _fits(obs, model_space, int(batched)):
+                x = as_obs(_arrays(obs))
+                return (x if batched else map_obs(x, lambda t: t.unsqueeze(0))), batched
+        raise ValueError(
+            f"Policy.act takes one observation of {raw} (or of the model's {model_space}), or a "
+            f"batch [N, ...] of them; got {_described(obs)}"
+        )
 
     def _step_key(self, step_key: int | None) -> int:
         """The structured env's step key that acts, checked."""
@@ -145,6 +153,40 @@ class Policy:
     def reset(self) -> None:
         """Start new episodes: zero core state, last action and last reward."""
         self._streams = None
+
+
+def _fits(obs: Any, space: Any, batch_dims: int) -> bool:
+    """Whether ``obs`` is ``[*batch, *shape]`` of ``space`` with ``batch_dims`` batch dims
+    (per entry of a Dict; its ``Text`` entries are not read)."""
+    import gymnasium
+
+    if isinstance(space, gymnasium.spaces.Dict):
+        if not isinstance(obs, dict):
+            return False
+        entries = {
+            k: s for k, s in space.spaces.items() if not isinstance(s, gymnasium.spaces.Text)
+        }
+        return all(k in obs and _fits(obs[k], s, batch_dims) for k, s in entries.items())
+    if isinstance(obs, dict):
+        return False
+    if space.shape is None:  # a Tuple space: one observation
+        return batch_dims == 0
+    shape = np.shape(obs)
+    return len(shape) == len(space.shape) + batch_dims and shape[batch_dims:] == tuple(space.shape)
+
+
+def _rows(obs: Any) -> list[Any]:
+    """The observations of a batch (a dict of batches: one dict per row)."""
+    if isinstance(obs, dict):
+        n = len(next(v for v in obs.values() if np.ndim(v) > 0))
+        return [{k: (v[i] if np.ndim(v) > 0 else v) for k, v in obs.items()} for i in range(n)]
+    return list(obs)
+
+
+def _described(obs: Any) -> str:
+    if isinstance(obs, dict):
+        return "{" + ", ".join(f"{k!r}: shape {np.shape(v)}" for k, v in obs.items()) + "}"
+    return f"shape {np.shape(obs)}"
 
 
 def _arrays(obs: Any) -> Any:

@@ -182,7 +182,14 @@ class Trainer:
             # trained weights when the run was not appo before
             self.learner.target_model.load_state_dict(data.get("target_model", data["model"]))
             self.learner.steps_since_target = data.get("target_steps", 0)
-        load_optimizer_state(self.learner.optimizer, data["optimizer"], self.cfg.algorithm)
+        model = self.learner.model
+        load_optimizer_state(
+            self.learner.optimizer,
+            data["optimizer"],
+            self.cfg.algorithm,
+            saved_order=model.saved_parameter_order(list(data["model"])),
+            order=[name for name, _ in model.named_parameters()],
+        )
         self.counters = Counters(**data["counters"])
         # the training return's window carries over, so the first resumed epoch reports the
         # same "last 100 episodes" mean as the run would have without the interruption

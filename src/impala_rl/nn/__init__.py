@@ -1,4 +1,4 @@
-"""Neural-network building blocks: MLP torsos, action distributions and the actor-critic."""
+"""Neural-network building blocks: encoders, action distributions and the actor-critic."""
 
 from __future__ import annotations
 
@@ -15,17 +15,15 @@ from impala_rl.nn.distributions import (
     make_action_head,
 )
 from impala_rl.nn.encoders import ACTIVATIONS, MLP, make_activation
-from impala_rl.nn.structured import StructuredActorCritic
 
-Model = ActorCritic | StructuredActorCritic
-"""The keyed actor-critic interface: a plain env's model is its one-step-key case."""
+Model = ActorCritic
+"""The actor-critic: a plain env's model is its one-step-key case."""
 
 __all__ = [
     "ACTIVATIONS",
     "MLP",
     "Acted",
     "Model",
-    "StructuredActorCritic",
     "act",
     "SUPPORTED_ACTION_SPACES",
     "ActionDistribution",

@@ -364,3 +364,25 @@ def make_action_head(action_space: gymnasium.Space, in_features: int) -> ActionH
         f"Unsupported action space {action_space!r}; supported action spaces are: "
         f"{', '.join(SUPPORTED_ACTION_SPACES)}"
     )
+
+
+def action_feature_size(space: gymnasium.Space) -> int:
+    """Width of :func:`encode_actions`' output for ``space``."""
+    if isinstance(space, gymnasium.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gymnasium.spaces.MultiDiscrete):
+        return int(np.asarray(space.nvec).sum())
+    return int(np.prod(space.shape, dtype=np.int64))
+
+
+def encode_actions(head: ActionHead, actions: Tensor) -> Tensor:
+    """Model actions ``[*batch, *action_shape]`` as float features ``[*batch, A]``: one-hot
+    for (multi-)discrete actions, the flat vector for binary and continuous ones."""
+    if isinstance(head, DiscreteHead):
+        return F.one_hot(actions.long(), head.n).float()
+    if isinstance(head, MultiDiscreteHead):
+        parts = [F.one_hot(actions[..., i].long(), n) for i, n in enumerate(head.nvec)]
+        return torch.cat(parts, dim=-1).float()
+    if isinstance(head, (MultiBinaryHead, BoxHead)):
+        return actions.float()
+    raise ValueError(f"cannot encode actions of {type(head).__name__}")

@@ -9,12 +9,11 @@ import gymnasium as gym
 from impala_rl.config import ConfigError, ModelConfig
 from impala_rl.nn.actor_critic import ActorCritic
 from impala_rl.nn.init import initialize
-from impala_rl.nn.structured import StructuredActorCritic
 
 
 def _model_kwargs(model_cfg: ModelConfig) -> dict[str, Any]:
-    """What both model classes take from ``model``: torsos, the user's encoders, the core,
-    precision, normalization and PopArt."""
+    """What the model takes from ``model`` for every env: torsos, the user's encoders, the
+    core, precision, normalization and PopArt."""
     return {
         "hidden_sizes": tuple(model_cfg.hidden_sizes),
         "activation": model_cfg.activation,
@@ -35,26 +34,39 @@ def _model_kwargs(model_cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
-def _plain_model(
-    model_cfg: ModelConfig, observation_space: gym.spaces.Box, action_space: gym.Space
-) -> ActorCritic:
+def _model(model_cfg: ModelConfig, obs_spaces: Any, action_spaces: Any, **keys: Any) -> ActorCritic:
+    """The model for one space each (a plain env) or ``{step_key: space}``; a mismatch (e.g. a
+    CNN on vectors) is a ``ConfigError`` naming the encoder."""
     try:
-        return ActorCritic(
-            observation_space,
-            action_space,
-            policy_obs_keys=model_cfg.policy_obs_keys,
-            value_obs_keys=model_cfg.value_obs_keys,
-            **_model_kwargs(model_cfg),
-        )
+        model = ActorCritic(obs_spaces, action_spaces, **keys, **_model_kwargs(model_cfg))
     except ConfigError:
         raise  # already names its field (a user's encoder, Dict entries)
     except ValueError as exc:
         raise ConfigError(f"model (encoder={model_cfg.encoder!r}): {exc}") from None
+    initialize(model, model_cfg.init)
+    return model
 
 
-def _structured_model(model_cfg: ModelConfig, env: Any) -> StructuredActorCritic:
-    from impala_rl.envs.structured import KeyObservation, check_structured_env
+def build_model(
+    model_cfg: ModelConfig, observation_space: gym.Space, action_space: gym.Space
+) -> ActorCritic:
+    """The model of a plain env with these spaces (one step key)."""
+    return _model(
+        model_cfg,
+        observation_space,
+        action_space,
+        policy_obs_keys=model_cfg.policy_obs_keys,
+        value_obs_keys=model_cfg.value_obs_keys,
+    )
 
+
+def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic:
+    """:func:`build_model` for a plain env, or the model with a structured env's step keys
+    (per-key spaces as the structured vector env presents them)."""
+    from impala_rl.envs.structured import KeyObservation, check_structured_env, is_structured
+
+    if not is_structured(env):
+        return build_model(model_cfg, env.observation_space, env.action_space)
     for key in ("policy_obs_keys", "value_obs_keys"):
         if getattr(model_cfg, key) is not None:
             raise ConfigError(
@@ -63,40 +75,12 @@ def _structured_model(model_cfg: ModelConfig, env: Any) -> StructuredActorCritic
             )
     check_structured_env(env)
     converters = {k: KeyObservation(s, k) for k, s in env.observation_spaces.items()}
-    try:
-        return StructuredActorCritic(
-            {k: c.space for k, c in converters.items()},
-            env.action_spaces,
-            shared_policy=model_cfg.shared_policy,
-            critic=model_cfg.critic,
-            mask_sizes={k: c.mask_size for k, c in converters.items()},
-            n_agents=int(env.n_agents),
-            **_model_kwargs(model_cfg),
-        )
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(f"model (structured env): {exc}") from None
-
-
-def build_model(
-    model_cfg: ModelConfig, observation_space: gym.spaces.Box, action_space: gym.Space
-) -> ActorCritic:
-    """The model for these spaces; a mismatch (e.g. a CNN on vectors) is a ``ConfigError``."""
-    model = _plain_model(model_cfg, observation_space, action_space)
-    initialize(model, model_cfg.init)
-    return model
-
-
-def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic | StructuredActorCritic:
-    """:func:`build_model` for a plain env, a :class:`StructuredActorCritic` for a structured
-    one (per-key spaces as the structured vector env presents them)."""
-    from impala_rl.envs.structured import is_structured
-
-    model: ActorCritic | StructuredActorCritic
-    if is_structured(env):
-        model = _structured_model(model_cfg, env)
-    else:
-        model = _plain_model(model_cfg, env.observation_space, env.action_space)
-    initialize(model, model_cfg.init)
-    return model
+    return _model(
+        model_cfg,
+        {k: c.space for k, c in converters.items()},
+        env.action_spaces,
+        shared_policy=model_cfg.shared_policy,
+        critic=model_cfg.critic,
+        mask_sizes={k: c.mask_size for k, c in converters.items()},
+        n_agents=int(env.n_agents),
+    )
