@@ -42,7 +42,7 @@ VARIANTS: dict[str, list[str]] = {
 def initial_policy(preset: str, seed: int) -> Policy:
     """The preset's model as initialised (no update), for the dead-ReLU baseline."""
     cfg = load_config(preset, [f"seed={seed}"])
-    factory = EnvFactory(cfg.env.id, cfg.env.kwargs, cfg.env.max_episode_steps, cfg.env.vector)
+    factory = EnvFactory.of(cfg.env)
     env = factory()
     torch.manual_seed(seed)
     model = build_model_for_env(cfg.model, env)

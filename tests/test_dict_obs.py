@@ -60,9 +60,9 @@ def test_an_encoder_per_entry_features_concatenated():
     model = ActorCritic(env.observation_space, env.action_space, hidden_sizes=(8,))
     torso = model.policies["0"].torso
     assert isinstance(torso, DictEncoder)
-    assert isinstance(torso.entries["image"], MinAtarCNN)  # 5x5: the small-image CNN
-    assert isinstance(torso.entries["direction"], OneHotEncoder)
-    assert isinstance(torso.entries["pos"], MLPEncoder)
+    assert isinstance(torso.entry("image"), MinAtarCNN)  # 5x5: the small-image CNN
+    assert isinstance(torso.entry("direction"), OneHotEncoder)
+    assert isinstance(torso.entry("pos"), MLPEncoder)
     assert torso.out_features == 128 + 4 + 8
     obs = {
         "image": torch.zeros(3, 5, 3, 5, 5, dtype=torch.uint8),
@@ -199,8 +199,8 @@ def test_the_policy_and_the_critic_read_the_entries_chosen_for_them():
     from impala_rl.nn.factory import build_model
 
     model = build_model(cfg, env.observation_space, env.action_space)
-    assert list(model.policies["0"].torso.entries) == ["direction"]
-    assert list(model.critics["0"].torso.entries) == ["direction", "image", "pos"]
+    assert model.policies["0"].torso.names == ["direction"]
+    assert model.critics["0"].torso.names == ["direction", "image", "pos"]
     dark, bright = _dict_batch(0), _dict_batch(255)
     dist_dark, value_dark = model.policy_value(0, dark)
     dist_bright, value_bright = model.policy_value(0, bright)
@@ -245,7 +245,7 @@ def test_vector_entries_are_normalized_by_their_running_statistics(tmp_path):
     env = EnvFactory("dict_envs:make_env")()
     model = ActorCritic(env.observation_space, env.action_space, normalize_obs=True)
     norm = model.observation_normalizer(0)
-    assert isinstance(norm, DictObsNorm) and list(norm.norms) == ["pos"]
+    assert isinstance(norm, DictObsNorm) and norm.names == ["pos"]
     batch = _dict_batch(7)
     batch["pos"] = torch.tensor([[1.0, 10.0], [3.0, 10.0], [5.0, 10.0]])
     norm.update(batch)
@@ -262,6 +262,6 @@ def test_vector_entries_are_normalized_by_their_running_statistics(tmp_path):
     policy = impala_rl.load_policy(run_dir, which="last")
     a = policy.config.algorithm
     rows = a.n_rollout_steps * a.actors_batch_size * a.envs_per_actor  # rows 0..T-1 a batch
-    assert float(policy.model.observation_normalizer(0).norms["pos"].count) == (
+    assert float(policy.model.observation_normalizer(0).norm("pos").count) == (
         summary["updates"] // steps_per_batch(a) * rows
     )

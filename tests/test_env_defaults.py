@@ -17,11 +17,13 @@ from impala_rl import checkpoint
 from impala_rl.config import ConfigError, list_presets, load_config
 from impala_rl.env_defaults import (
     FAMILY_PRESETS,
+    GENERIC_PRESET,
     describe_spaces,
     env_family,
     resolve_config,
     reward_threshold,
 )
+from impala_rl.envs import EnvFactory
 from impala_rl.evaluation import EvaluationResult
 from impala_rl.plot import load_metrics
 from impala_rl.trainer import Trainer, evaluation_due
@@ -62,12 +64,13 @@ def test_an_explicit_target_return_wins(given, expected):
     assert cfg.target_return == expected and cfg.runner.backend == "ray"
 
 
-def test_no_preset_is_not_cartpoles_settings():
+def test_no_preset_runs_the_any_env_preset_not_cartpoles_settings():
     cfg = resolve_config(None, ["env.id=scripted_envs:make_env"])
-    cartpole = load_config("cartpole")
+    cartpole, any_env = load_config("cartpole"), load_config(GENERIC_PRESET)
     assert cfg.env.id == "scripted_envs:make_env"
-    assert cfg.runner.backend == "subprocess" != cartpole.runner.backend
-    assert cfg.algorithm.lr == 5e-4 != cartpole.algorithm.lr
+    assert cfg.algorithm.policy_loss == "appo" != cartpole.algorithm.policy_loss
+    assert cfg.algorithm.num_passes == any_env.algorithm.num_passes > 1
+    assert cfg.algorithm.lr == any_env.algorithm.lr != cartpole.algorithm.lr
     ev = cfg.algorithm.rollout_evaluator
     assert ev.background and ev.max_time_share == 0.1
     assert cfg.algorithm.patience == 0 and cfg.max_env_steps == 1_000_000
@@ -88,7 +91,7 @@ def test_no_preset_is_not_cartpoles_settings():
 )
 def test_an_env_of_a_known_family_gets_its_preset(env_id, family):
     assert env_family(env_id) == family
-    if family is None or env_id.startswith("ALE"):
+    if family is None:
         return
     cfg = resolve_config(None, [f"env.id={env_id}"])
     preset = load_config(family)
@@ -102,7 +105,7 @@ def test_presets_keep_their_evaluation_schedule():
     their evaluation time."""
     for preset in list_presets():
         ev = load_config(preset).algorithm.rollout_evaluator
-        if preset in FAMILY_PRESETS:
+        if preset in (*FAMILY_PRESETS, GENERIC_PRESET):
             assert ev.background and ev.max_time_share == 0.1, preset
         else:
             assert ev.max_time_share is None, preset
@@ -153,25 +156,65 @@ def _env_with(obs: spaces.Space, action: spaces.Space) -> SimpleNamespace:
 
 
 def test_spaces_choose_the_encoder():
+    """The model's view of the observation: every image is ``[C, H, W]`` by then."""
     vector = spaces.Box(-1, 1, (4,), np.float32)
     text, model = describe_spaces(_env_with(vector, spaces.Box(-1, 1, (2,), np.float32)))
     assert text == "continuous actions, vector observations" and model == {}
     atari = spaces.Box(0, 255, (4, 84, 84), np.uint8)
     text, model = describe_spaces(_env_with(atari, spaces.Discrete(6)))
-    assert text == "discrete actions, image observations"
-    assert model == {"encoder": "nature_cnn", "shared_torso": True}
+    assert text == "discrete actions, image observations [4, 84, 84]"
+    assert model == {"encoder": "nature_cnn", "shared_torso": True, "normalize_obs": False}
     small = spaces.Box(0, 255, (4, 10, 10), np.uint8)
     assert describe_spaces(_env_with(small, spaces.Discrete(3)))[1]["encoder"] == "minatar_cnn"
-    channels_last = spaces.Box(0, 255, (96, 96, 3), np.uint8)
-    text, model = describe_spaces(_env_with(channels_last, spaces.Discrete(5)))
-    assert "channels-last" in text and model == {}
+    grid = spaces.Dict({"pos": spaces.Box(0, 4, (2,), np.float32), "door": spaces.Discrete(2)})
+    text, model = describe_spaces(_env_with(grid, spaces.Discrete(4)))
+    assert text == "discrete actions, Dict observations (an encoder per entry)" and model == {}
+    codes = spaces.Dict({"image": atari, "door": spaces.Discrete(2)})  # nothing to normalize
+    text, model = describe_spaces(_env_with(codes, spaces.Discrete(4)))
+    assert "a CNN per image" in text and model == {"normalize_obs": False}
 
 
-def test_minatar_without_a_preset_gets_a_cnn():
-    pytest.importorskip("minatar")
-    cfg = resolve_config(None, ["env.id=MinAtar/Breakout-v1"])
-    assert cfg.model.encoder == "minatar_cnn" and cfg.model.shared_torso
-    assert cfg.target_return is None
+def test_a_channels_last_pixel_env_gets_a_cnn_on_channels_first_frames():
+    cfg = resolve_config(None, ["env.id=impala_rl.envs.samples:Catch"])
+    assert cfg.model.encoder == "nature_cnn" and cfg.model.shared_torso  # 40 x 40 frames
+    assert not cfg.model.normalize_obs
+    env = EnvFactory.of(cfg.env)()
+    assert env.observation_space.shape == (3, 40, 40)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "preset"),
+    [
+        ("MiniGrid-DoorKey-5x5-v0", "minigrid"),
+        ("MiniGrid-Empty-5x5-v0", "minigrid"),
+        ("MinAtar/Breakout-v1", "minatar_breakout"),
+        ("MinAtar/Asterix-v1", "minatar"),
+        ("ALE/Breakout-v5", "pong_appo"),
+        ("Taxi-v4", GENERIC_PRESET),
+        ("impala_rl.envs.samples:GridWorld", GENERIC_PRESET),
+    ],
+)
+def test_ids_of_a_family_choose_its_preset(env_id, preset):
+    for prefix, package in (("MiniGrid-", "minigrid"), ("MinAtar/", "minatar"), ("ALE/", "ale_py")):
+        if env_id.startswith(prefix):
+            pytest.importorskip(package)
+    cfg = resolve_config(None, [f"env.id={env_id}", "runner.size_to_machine=false"])
+    assert cfg.env.id == env_id
+    chosen = load_config(preset, [f"env.id={env_id}"])
+    assert cfg.algorithm.policy_loss == chosen.algorithm.policy_loss
+    assert cfg.algorithm.num_passes == chosen.algorithm.num_passes
+    assert cfg.algorithm.lr == chosen.algorithm.lr
+    assert cfg.model.encoder == chosen.model.encoder or preset == GENERIC_PRESET
+    if env_id.startswith("ALE/"):  # the game is the id; its own sticky actions
+        assert "game" not in cfg.env.kwargs and "repeat_action_probability" not in cfg.env.kwargs
+        assert cfg.target_return is None  # not Pong's 20
+
+
+def test_the_console_says_which_family_chose_the_settings(caplog):
+    pytest.importorskip("minigrid")
+    with caplog.at_level("INFO"):
+        resolve_config(None, ["env.id=MiniGrid-DoorKey-5x5-v0"])
+    assert "the minigrid preset (MiniGrid env)" in caplog.text
 
 
 # -- the evaluation schedule ---------------------------------------------------------------------
@@ -245,9 +288,9 @@ def test_without_a_preset_the_cli_says_what_it_chose(tmp_path):
     assert summary["best_eval_return"] is not None
     stderr = " ".join(proc.stderr.split())  # rich wraps long lines
     assert (
-        "no preset: defaults for scripted_envs:make_env (discrete actions, vector "
-        "observations); no target_return (the env spec has no reward_threshold); evaluation "
-        "at most 10% of the time in the background" in stderr
+        "no preset of its family: the any_env preset for scripted_envs:make_env (discrete "
+        "actions, vector observations); no target_return (the env spec has no "
+        "reward_threshold); evaluation at most 10% of the time in the background" in stderr
     )
     # What it said is what ran: the run's config (that a resume reads) holds the choice. That
     # a background evaluation does not hold training up is shown, with events rather than

@@ -23,6 +23,10 @@ DETERMINISTIC = [
 ]
 
 
+# the two runs below read the training return: one evaluation episode an epoch is enough
+ONE_EVALUATION_EPISODE = ["algorithm.rollout_evaluator.n_episodes=1"]
+
+
 def _train_returns(run_dir: Path) -> list[tuple[int, float]]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [(r["env_steps"], r["train_return_recent"]) for r in rows if "train_return_recent" in r]
@@ -34,7 +38,9 @@ def test_classic_control_learns_pendulum(tmp_path):
     passed -300 at ~82k, -185 at 200k)."""
     budget = 100_000
     summary = impala_rl.train(
-        None, ["env.id=Pendulum-v1", f"max_env_steps={budget}", *DETERMINISTIC], run_dir=tmp_path
+        None,
+        ["env.id=Pendulum-v1", f"max_env_steps={budget}", *DETERMINISTIC, *ONE_EVALUATION_EPISODE],
+        run_dir=tmp_path,
     )
     assert summary["stopped_because"] == "max_env_steps"
     curve = _train_returns(tmp_path)
@@ -49,7 +55,13 @@ def test_box2d_learns_lunar_lander(tmp_path):
     budget = 240_000
     summary = impala_rl.train(
         None,
-        ["env.id=LunarLander-v3", f"max_env_steps={budget}", "target_return=null", *DETERMINISTIC],
+        [
+            "env.id=LunarLander-v3",
+            f"max_env_steps={budget}",
+            "target_return=null",
+            *DETERMINISTIC,
+            *ONE_EVALUATION_EPISODE,
+        ],
         run_dir=tmp_path,
     )
     assert summary["stopped_because"] == "max_env_steps"

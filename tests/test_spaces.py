@@ -148,7 +148,7 @@ def test_observation_spaces(name):
         assert len(env_actions()) == 2 * 2 * T * N
         return
     if name == "image_uint8":
-        assert model.observation_spaces[0].shape == (4, 4, 3)
+        assert model.observation_spaces[0].shape == (3, 4, 4)  # channels first
         assert batches[0]["obs"].dtype == torch.uint8
     else:
         assert model.observation_spaces[0].shape == (OBS_DIMS[name],)

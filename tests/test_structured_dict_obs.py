@@ -87,10 +87,10 @@ def test_slots_keep_each_entry_and_the_learner_recomputes_the_actors_log_probs(o
         torch.testing.assert_close(log_prob, slot["behaviour_log_prob"], atol=1e-5, rtol=0)
     norm = model.observation_normalizer(1)
     if "model.normalize_obs=true" in overrides:
-        assert isinstance(norm, DictObsNorm) and list(norm.norms) == ["pos"]
+        assert isinstance(norm, DictObsNorm) and norm.names == ["pos"]
         rows = warm_up["step_key"][:-1] == 1
         expected = warm_up["obs_1.pos"][:-1][rows].double().mean(0)
-        torch.testing.assert_close(norm.norms["pos"].mean, expected)
+        torch.testing.assert_close(norm.norm("pos").mean, expected)
     else:
         assert norm is None
 

@@ -1,19 +1,27 @@
-"""What ``impala train env.id=ID`` runs without a preset: defaults that fit the env.
+"""What ``impala train env.id=ID`` runs without a preset: settings that fit the env.
 
-An env of a Gymnasium family with a preset (``classic_control``, ``box2d``, ``mujoco``: the
-family is the package of the env's entry point) runs that preset; any other env the config's
-own defaults. On top, a few settings chosen for the env:
+The env's family picks a preset, said on the console:
+
+- Gymnasium's families with a preset (``classic_control``, ``box2d``, ``mujoco``: the package of
+  the env's entry point);
+- by id: ``MiniGrid-...`` and ``BabyAI-...`` the ``minigrid`` preset, ``MinAtar/...`` the
+  ``minatar`` preset (``minatar_breakout`` for Breakout), ``ALE/...`` the ``pong_appo``
+  preset's learning settings with the Atari preprocessing (the game's own sticky actions);
+- any other env the ``any_env`` preset: nearly on-policy batches reused under the clipped
+  surrogate (the family presets' settings), fitted to the env's spaces.
+
+The spaces decide the network (:func:`describe_spaces`): a CNN with one shared torso for an
+image observation (the Nature CNN from 36 pixels a side, the MinAtar CNN below; every
+``uint8`` image reaches the model as ``[C, H, W]``), an encoder per entry for a Dict,
+observation normalization where there are vectors to normalize. On top, for every env:
 
 - ``target_return``: the env's Gymnasium ``spec.reward_threshold`` where it defines one, else
   ``null`` (no early stop), never another env's target;
-- evaluation in the background, at most ~10% of the wall time
+- for ``any_env``: evaluation in the background, at most ~10% of the wall time
   (``rollout_evaluator.max_time_share``), the final weights evaluated at the end;
-- ``patience: 0`` and a budget of 1M env steps (``max_env_steps`` overrides it);
-- image observations (``uint8 [C, H, W]``): a CNN encoder with one shared torso (the Nature
-  CNN, or the MinAtar CNN for frames under 36 pixels), as the ``atari`` and ``minatar``
-  presets; vector observations keep the MLP.
+  ``patience: 0`` and a budget of 1M env steps (``max_env_steps`` overrides it).
 
-The user's ``key=value`` overrides go on top, so an explicit ``target_return`` always wins.
+The user's ``key=value`` overrides go on top, so an explicit setting always wins.
 With neither a preset nor ``env.id`` the ``cartpole`` preset runs (CartPole-v1, tuned).
 """
 
@@ -25,7 +33,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from impala_rl.config import RunConfig, check_rules, load_config, merge_config
+from impala_rl.config import RunConfig, check_rules, load_config, merge_config, user_file_keys
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.structured import is_structured
 from impala_rl.sizing import size_to_machine
@@ -36,6 +44,16 @@ DEFAULT_PRESET = "cartpole"
 """What runs with neither a preset nor ``env.id``."""
 FAMILY_PRESETS = ("classic_control", "box2d", "mujoco")
 """Gymnasium's env families (``gymnasium.envs.<family>``) with a preset of the same name."""
+ID_PRESETS: tuple[tuple[str, str, str], ...] = (
+    ("MiniGrid-", "minigrid", "MiniGrid"),
+    ("BabyAI-", "minigrid", "BabyAI"),
+    ("MinAtar/Breakout-", "minatar_breakout", "MinAtar Breakout"),
+    ("MinAtar/", "minatar", "MinAtar"),
+    ("ALE/", "pong_appo", "ALE"),
+)
+"""Id prefixes of families with a preset: prefix, preset, family name."""
+GENERIC_PRESET = "any_env"
+"""What an env of no known family runs."""
 MAX_ENV_STEPS = 1_000_000
 EVAL_TIME_SHARE = 0.1
 NATURE_CNN_MIN_SIDE = 36  # 8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave >= 1 pixel
@@ -68,12 +86,25 @@ def env_family(env_id: str) -> str | None:
     return entry.split(":", 1)[0].split(".")[2]
 
 
+def family_preset(env_id: str) -> tuple[str, str] | None:
+    """``(preset, family)`` for an id of a family with a preset (:data:`ID_PRESETS`, then
+    Gymnasium's :data:`FAMILY_PRESETS`); None for any other env."""
+    for prefix, preset, family in ID_PRESETS:
+        if env_id.startswith(prefix):
+            return preset, family
+    family = env_family(env_id)
+    if family in FAMILY_PRESETS:
+        return family, f"Gymnasium's {family}"  # type: ignore[return-value]
+    return None
+
+
 def _overridden(overrides: list[str], key: str) -> bool:
     return any(item.split("=", 1)[0].strip() == key for item in overrides)
 
 
 def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
-    """``("discrete actions, vector observations", model settings)`` for one built env."""
+    """``("discrete actions, vector observations", model settings)`` for one built env (its
+    observations as the model takes them: images ``[C, H, W]``)."""
     if is_structured(env):
         return "a structured env (spaces per step key)", {}
     action = env.action_space
@@ -85,24 +116,34 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
         actions = f"{type(action).__name__} actions"
     obs = env.observation_space
     if isinstance(obs, gym.spaces.Dict):
-        return f"{actions}, Dict observations (an encoder per entry)", {}
-    image = isinstance(obs, gym.spaces.Box) and obs.dtype == np.uint8 and len(obs.shape) == 3
-    if not image:
+        entries = obs.spaces.values()
+        vectors = any(_is_vector(e) for e in entries)
+        images = [e for e in entries if _is_image(e)]
+        what = "Dict observations (an encoder per entry"
+        what += ", a CNN per image" if images else ""
+        model = {} if vectors else {"normalize_obs": False}
+        return f"{actions}, {what})", model
+    if not _is_image(obs):
         return f"{actions}, vector observations", {}
     c, h, w = obs.shape
-    if c > min(h, w):  # channels last: the CNNs read [C, H, W]
-        return (
-            f"{actions}, channels-last image observations {tuple(obs.shape)} (mlp encoder; "
-            "a channels-first env gets a CNN)",
-            {},
-        )
     encoder = "nature_cnn" if min(h, w) >= NATURE_CNN_MIN_SIDE else "minatar_cnn"
-    return f"{actions}, image observations", {"encoder": encoder, "shared_torso": True}
+    model = {"encoder": encoder, "shared_torso": True, "normalize_obs": False}
+    return f"{actions}, image observations [{c}, {h}, {w}]", model
+
+
+def _is_image(space: Any) -> bool:
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+
+
+def _is_vector(space: Any) -> bool:
+    """A float32 vector entry, which observation normalization normalizes."""
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.float32
 
 
 def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
-    """The config for ``overrides`` (which set ``env.id``) on defaults that fit the env, and
-    the console line saying what was chosen. Builds the env once to read its spaces.
+    """The config for ``overrides`` (which set ``env.id``) on the preset of the env's family or
+    the ``any_env`` preset fitted to its spaces, and the console line saying what was chosen.
+    Builds the env once to read its spaces.
 
     Only the ``env`` section is checked before the probe; the rest is validated once, on the
     config that runs (the preset chosen here may supply what an override needs, e.g. the
@@ -110,24 +151,32 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     probe_cfg = merge_config(overrides=overrides)
     check_rules(probe_cfg, "env")
     env_cfg = probe_cfg.env
-    probe = EnvFactory(env_cfg.id, env_cfg.kwargs, env_cfg.max_episode_steps)()
+    family = family_preset(env_cfg.id)
+    probe = EnvFactory.of(env_cfg, vector="python")()
     try:
         spaces, model = describe_spaces(probe)
     finally:
         probe.close()
     threshold = reward_threshold(env_cfg.id)
-    family = env_family(env_cfg.id)
-    preset = family if family in FAMILY_PRESETS else None
     derived = [f"target_return={'null' if threshold is None else threshold}"]
-    derived += [f"model.{key}={value}" for key, value in model.items()]
-    if preset is None:  # a family preset sets these itself
+    if family is None:  # a family preset has its network and schedule
+        preset = GENERIC_PRESET
+        derived += [f"model.{key}={value}" for key, value in model.items()]
         derived += [
             f"max_env_steps={MAX_ENV_STEPS}",
             "algorithm.patience=0",
             "algorithm.rollout_evaluator.background=true",
             f"algorithm.rollout_evaluator.max_time_share={EVAL_TIME_SHARE}",
         ]
+    else:
+        preset = family[0]
     cfg = load_config(preset, [*derived, *overrides])
+    note = ""
+    if env_cfg.id.startswith("ALE/"):  # the game is env.id; sticky actions are the id's own
+        for key in ("game", "repeat_action_probability"):
+            if not _overridden(overrides, f"env.kwargs.{key}"):
+                cfg.env.kwargs.pop(key, None)
+        note = " (Atari preprocessing, the game's own sticky actions)"
     if _overridden(overrides, "target_return"):
         given = cfg.target_return
         target = "no target_return (given)" if given is None else f"target_return {given:g} (given)"
@@ -141,12 +190,16 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     else:
         evaluation = f"evaluation at most {ev.max_time_share:.0%} of the time"
     evaluation += " in the background" if ev.background else " in the pause"
-    chosen = f"the {preset} preset" if preset else "no preset: defaults"
+    if family is None:
+        chosen = f"no preset of its family: the {preset} preset"
+    else:
+        chosen = f"the {preset} preset ({family[1]} env{note})"
+    reuse = f"{a.num_passes} passes x {a.num_minibatches} minibatches, " if a.num_passes > 1 else ""
     line = (
         f"{chosen} for {env_cfg.id} ({spaces}); {target}; {evaluation}; "
-        f"{cfg.model.encoder} encoder, lr {a.lr:g}, {cfg.runner.backend} backend, "
-        f"{a.num_actors} actors x {a.envs_per_actor} envs, unroll {a.n_rollout_steps}, "
-        f"max_env_steps {cfg.max_env_steps}"
+        f"{cfg.model.encoder} encoder, {a.policy_loss} loss, {reuse}lr {a.lr:g}, "
+        f"{cfg.runner.backend} backend, {a.num_actors} actors x {a.envs_per_actor} envs, "
+        f"unroll {a.n_rollout_steps}, max_env_steps {cfg.max_env_steps}"
     )
     return cfg, line
 
@@ -164,4 +217,5 @@ def resolve_config(preset: Any, overrides: list[str] | None = None) -> RunConfig
     else:
         cfg, line = env_defaults(overrides)
         log.info("%s", line)
-    return size_to_machine(cfg, overrides)
+    given = user_file_keys(preset) if preset is not None else set()
+    return size_to_machine(cfg, overrides, given=given)

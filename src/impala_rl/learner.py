@@ -505,7 +505,8 @@ class Learner:
         _check_observations(batch)
         if fresh:
             update_observation_statistics(self.model, batch, self.group)
-        self.model.train()
+        if not self.model.training:  # once: a recursive walk over the modules per step
+            self.model.train()
         # burn-in stays eager: its policy parameters get no gradient, so the optimizer leaves
         # them and their state alone (a graph would give them zeros)
         graph = self._update_graph() if train_policy else None

@@ -110,9 +110,12 @@ def _process_layout(cfg: RunConfig, machine: Machine, on_gpu: bool, given: set[s
         actors = a.num_actors if "algorithm.num_actors" in given else machine.cores
         out["algorithm.device"] = "cuda"
         out["algorithm.actors_batch_size"] = max(1, actors // 4)
-        if cfg.runner.backend == "subprocess":  # the only backend with central inference
+        central = cfg.runner.inference == "central" or "runner.inference" not in given
+        if cfg.runner.backend == "subprocess" and central:  # the backend with central inference
             out["runner.inference"] = "central"
-            servers = max(1, min(actors, machine.cores // CORES_PER_SERVER))
+            # each learner runs its servers for its own share of the actors
+            per_learner = max(1, actors // a.num_learners)
+            servers = max(1, min(per_learner, machine.cores // CORES_PER_SERVER))
             out["runner.inference_servers"] = servers
     elif machine.cores > 2:
         actors = a.num_actors if "algorithm.num_actors" in given else machine.cores // 2
@@ -130,14 +133,18 @@ def _process_layout(cfg: RunConfig, machine: Machine, on_gpu: bool, given: set[s
 
 
 def size_to_machine(
-    cfg: RunConfig, overrides: list[str], machine: Machine | None = None
+    cfg: RunConfig,
+    overrides: list[str],
+    machine: Machine | None = None,
+    given: set[str] | None = None,
 ) -> RunConfig:
     """``cfg`` sized to ``machine`` (this one by default) if its preset asks for it, the
-    keys in ``overrides`` left as given; records ``runner.sized_for`` and logs the choice."""
+    keys in ``overrides`` and ``given`` (those a config file of the user's sets) left as
+    given; records ``runner.sized_for`` and logs the choice."""
     if not cfg.runner.size_to_machine or cfg.runner.sized_for is not None:
         return cfg
     machine = machine or detect_machine()
-    chosen = sized_settings(cfg, machine, _given(overrides))
+    chosen = sized_settings(cfg, machine, _given(overrides) | set(given or ()))
     what = ", ".join(f"{k}={v}" for k, v in chosen.items()) or "the preset as written"
     sized = load_config(base=to_dict(cfg), overrides=[f"{k}={v}" for k, v in chosen.items()])
     sized.runner.sized_for = str(machine)

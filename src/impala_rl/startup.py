@@ -105,10 +105,6 @@ def probe_env(cfg: RunConfig) -> EnvProbe:
     )
     eval_env_factory = env_factory
     if cfg.env.eval_kwargs:
-        eval_env_factory = EnvFactory(
-            cfg.env.id,
-            {**cfg.env.kwargs, **cfg.env.eval_kwargs},
-            cfg.env.max_episode_steps,
-            env_factory.vector,
-        )
+        kwargs = {**cfg.env.kwargs, **cfg.env.eval_kwargs}
+        eval_env_factory = EnvFactory.of(cfg.env, kwargs, env_factory.vector)
     return EnvProbe(env_factory, eval_env_factory, observation_space, action_space, model)

@@ -16,8 +16,10 @@ class SequentialDistributedActors(DistributedActors):
     """``num_actors`` actor loops run one after another in the learner's process.
 
     Each :meth:`collect_outputs` runs the next ``actors_batch_size`` actors (round-robin) for
-    one unroll each, writing straight into column blocks of one batch buffer. Weights are
-    loaded at once, which is between unrolls by construction, so policy lag is always 0.
+    one unroll each, writing straight into column blocks of one batch buffer. The actors act
+    only there, so a broadcast is kept and the latest one loaded when they next act (a batch
+    of several optimizer steps broadcasts after each, and only its last would be used), with
+    its version: policy lag is always 0.
     """
 
     def start(self) -> None:
@@ -39,6 +41,7 @@ class SequentialDistributedActors(DistributedActors):
         spec = self.spec(observation_space)
         self._batch = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size).allocate()
         self._next_actor = 0
+        self._pending: dict[str, torch.Tensor] | None = None
 
     def stop(self) -> None:
         for actor in getattr(self, "actors", []):
@@ -49,11 +52,19 @@ class SequentialDistributedActors(DistributedActors):
         self, state_dict: dict[str, torch.Tensor], version: int | None = None
     ) -> None:
         self.policy_version = self.policy_version + 1 if version is None else version
-        cpu_state = {k: v.detach().to("cpu") for k, v in state_dict.items()}
+        self._pending = state_dict
+
+    def _load_pending(self) -> None:
+        """The latest broadcast into every actor, before they act."""
+        if self._pending is None:
+            return
+        cpu_state = {k: v.detach().to("cpu") for k, v in self._pending.items()}
         for actor in self.actors:
             actor.load_policy(cpu_state, self.policy_version)
+        self._pending = None
 
     def collect_outputs(self, learner_device: torch.device | str) -> CollectedOutputs:
+        self._load_pending()
         n = self._batch["policy_version"].shape[0] // self.cfg.actors_batch_size
         env_steps = 0
         for b in range(self.cfg.actors_batch_size):

@@ -44,7 +44,7 @@ from impala_rl.envs.structured import (
     StructuredVectorEnv,
     is_structured,
 )
-from impala_rl.envs.vector import SameStepVectorEnv
+from impala_rl.envs.vector import NativeVectorEnv, SameStepVectorEnv
 
 ALE_PREFIX = "ALE/"
 
@@ -145,13 +145,26 @@ class EnvFactory:
         kwargs: dict | None = None,
         max_episode_steps: int | None = None,
         vector: str = "python",
+        frame_stack: int = 1,
     ):
         self.env_id = env_id
         self.kwargs = dict(kwargs or {})
         self.max_episode_steps = max_episode_steps
         self.vector = vector  # env.vector: auto | python | envpool
+        self.frame_stack = int(frame_stack)
         self.check_env = False  # Gymnasium's env checker: only on the probe, off the hot path
         self.structured: bool | None = None  # known once an env was built (travels pickled)
+
+    @classmethod
+    def of(cls, env_cfg: Any, kwargs: dict | None = None, vector: str | None = None) -> EnvFactory:
+        """The factory of an ``env`` config section (``kwargs`` in place of its own)."""
+        return cls(
+            env_cfg.id,
+            env_cfg.kwargs if kwargs is None else kwargs,
+            env_cfg.max_episode_steps,
+            env_cfg.vector if vector is None else vector,
+            env_cfg.frame_stack,
+        )
 
     def __call__(self) -> gym.Env:
         fn = _import_target(self.env_id) if ":" in self.env_id else self.env_id
@@ -189,6 +202,8 @@ class EnvFactory:
             return env
         if self.max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env, self.max_episode_steps)
+        if self.frame_stack > 1:
+            env = gym.wrappers.FrameStackObservation(env, self.frame_stack)
         space = env.observation_space
         if not keeps_structure(space) and model_observation_space(space) is space:
             return env
@@ -199,9 +214,13 @@ class EnvFactory:
         ``make_vector`` attribute, e.g. Atari with ``env.kwargs.vector=ale``) or envpool steps
         the id (``vector``, see :mod:`impala_rl.envs.envpool`), else ``None``.
 
-        It must autoreset on the same step and put final observations in
-        ``info["final_obs"]``, as :class:`~impala_rl.envs.vector.SameStepVectorEnv` does.
+        The actor loop takes one that autoresets on the same step and puts final observations
+        in ``info["final_obs"]``, as :class:`~impala_rl.envs.vector.SameStepVectorEnv` does; a
+        Gymnasium vector env that resets on the next step (its default) or observes in
+        another form than the model's is adapted (:class:`~impala_rl.envs.vector.NativeVectorEnv`).
         """
+        if self.frame_stack > 1:  # stacked by Gymnasium's wrapper, env by env
+            return None
         if self.env_id.startswith(ALE_PREFIX):
             from impala_rl.envs.atari import make_atari_vector_env
 
@@ -219,6 +238,8 @@ class EnvFactory:
             if make is None:
                 return None
             envs = make(num_envs, **self.kwargs)
+            if envs is not None and NativeVectorEnv.needed(envs):
+                envs = NativeVectorEnv(envs)
         if envs is not None and self.max_episode_steps is not None:
             envs.close()
             raise EnvError(
@@ -254,7 +275,9 @@ class EnvFactory:
         rates: dict[str, float] = {"python": 0.0, "envpool": 0.0}
         for _ in range(2):
             for name in rates:
-                candidate = EnvFactory(self.env_id, None, self.max_episode_steps, name)
+                candidate = EnvFactory(
+                    self.env_id, None, self.max_episode_steps, name, self.frame_stack
+                )
                 rates[name] = max(rates[name], rate(candidate, AUTO_TIMING_S))
         self.vector = max(rates, key=rates.__getitem__)
         logging.getLogger(__name__).info(
@@ -291,18 +314,9 @@ def steps_per_second(factory: Callable[[], gym.Env], num_envs: int, seconds: flo
 
 def make_env_factory(env_cfg: Any) -> EnvFactory:
     """Factory for the ``env`` config section; builds one env once to fail early."""
-    factory = EnvFactory(env_cfg.id, env_cfg.kwargs, env_cfg.max_episode_steps, env_cfg.vector)
+    factory = EnvFactory.of(env_cfg)
     if env_cfg.vector == "envpool":
         factory.make_vector(1).close()  # refuses ids envpool lacks, and a missing envpool
-    if env_cfg.id.startswith(ALE_PREFIX):
-        logging.getLogger(__name__).warning(
-            "env.id=%s: raw ALE frames (210x160 RGB) get the atari preset's preprocessing "
-            "(noop resets, frame skip 4 with max-pooling, 84x84 grayscale, 4 stacked frames; "
-            "env.kwargs are its settings); for its CNN and the paper's settings too: "
-            "impala train atari env.kwargs.game=%s",
-            env_cfg.id,
-            env_cfg.id,
-        )
     factory.check_env = True
     try:
         probe = factory()

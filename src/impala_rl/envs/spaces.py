@@ -2,9 +2,14 @@
 
 An observation reaches the model as one ``Box`` (an image stays ``uint8``, anything
 else becomes a float32 vector), or, for a ``Dict`` observation, as a ``Dict`` that keeps its
-structure (:func:`dict_model_space`): an image entry stays a ``uint8`` image (channels first),
-a ``Discrete`` entry an index, every other entry a float32 vector; ``Text`` entries are left
-out.
+structure (:func:`dict_model_space`): an image entry stays a ``uint8`` image, a ``Discrete``
+entry an index, every other entry a float32 vector; ``Text`` entries are left out.
+
+Every ``uint8`` image, plain, a Dict entry or a step key's, goes through one conversion to
+``[C, H, W]`` (:func:`image_layout`): channels last (``[H, W, C]``, as MiniGrid's and most
+pixel envs') is moved channels first, a stack of frames (``[N, H, W, C]`` or ``[N, C, H, W]``,
+Gymnasium's ``FrameStackObservation``) becomes ``N * C`` channels, a grayscale frame
+``[H, W]`` one channel.
 
 Every env module imports from here and from nothing above it, so the package has no cycle.
 """
@@ -23,8 +28,55 @@ class EnvError(RuntimeError):
     """An environment that cannot be built or used; the message says which and why."""
 
 
+MIN_IMAGE_SIDE = 8
+"""A ``uint8 [H, W]`` Box with both sides at least this long is a grayscale frame."""
+
+
+def image_layout(space: spaces.Space) -> str | None:
+    """How a ``uint8`` Box holds an image: ``"chw"`` (channels first, as the model takes
+    it), ``"hwc"`` (channels last: at most 4 channels, fewer than either side), ``"nhwc"`` or
+    ``"nchw"`` (a stack of frames), ``"hw"`` (one grayscale frame); ``None``: not an image."""
+    if not isinstance(space, spaces.Box) or space.dtype != np.uint8:
+        return None
+    shape = space.shape
+
+    def channels_last(c: int, h: int, w: int) -> bool:
+        return c <= 4 and c < min(h, w)
+
+    if len(shape) == 2:
+        return "hw" if min(shape) >= MIN_IMAGE_SIDE else None
+    if len(shape) == 3:
+        return "hwc" if channels_last(shape[2], shape[0], shape[1]) else "chw"
+    if len(shape) == 4:
+        return "nhwc" if channels_last(shape[3], shape[1], shape[2]) else "nchw"
+    return None
+
+
 def _is_image(space: spaces.Space) -> bool:
-    return isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+    return image_layout(space) is not None
+
+
+def to_chw(x: np.ndarray, layout: str) -> np.ndarray:
+    """One image (``[*shape]`` of its ``layout``) as ``[C, H, W]``."""
+    if layout == "chw":
+        return x
+    if layout == "hw":
+        return x[None]
+    if layout == "hwc":
+        return np.ascontiguousarray(np.moveaxis(x, -1, 0))
+    if layout == "nhwc":
+        x = np.moveaxis(x, -1, 1)
+    return np.ascontiguousarray(x).reshape(-1, *x.shape[-2:])
+
+
+def image_space(space: spaces.Box) -> spaces.Box:
+    """The ``uint8 [C, H, W]`` Box of an image space (:func:`image_layout`)."""
+    layout = image_layout(space)
+    assert layout is not None
+    if layout == "chw":
+        return space
+    low, high = (to_chw(np.asarray(b), layout) for b in (space.low, space.high))
+    return spaces.Box(low, high, dtype=np.uint8)
 
 
 def _unflattenable(space: spaces.Space) -> str:
@@ -45,7 +97,7 @@ def _unflattenable(space: spaces.Space) -> str:
 def model_observation_space(space: spaces.Space) -> spaces.Box:
     """The ``Box`` the model receives for an env's observation space."""
     if _is_image(space):
-        return space  # type: ignore[return-value]
+        return image_space(space)  # type: ignore[arg-type]
     if isinstance(space, spaces.Box) and len(space.shape) == 1 and space.dtype == np.float32:
         return space
     try:
@@ -59,30 +111,19 @@ def model_observation_space(space: spaces.Space) -> spaces.Box:
     return spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32)
 
 
-def _channels_last(space: spaces.Space) -> bool:
-    """An ``[H, W, C]`` image (C at most 4, smaller than H and W), as MiniGrid's."""
-    if not _is_image(space):
-        return False
-    h, w, c = space.shape
-    return c <= 4 and c < min(h, w)
-
-
 def _entry_space(space: spaces.Space) -> spaces.Space:
     """The model's view of one Dict entry (see :func:`dict_model_space`)."""
     if isinstance(space, spaces.Discrete):
         return spaces.Discrete(int(space.n))
-    if _channels_last(space):
-        low, high = (np.moveaxis(b, -1, 0) for b in (space.low, space.high))
-        return spaces.Box(low, high, dtype=np.uint8)
     return model_observation_space(space)
 
 
 def dict_model_space(space: spaces.Dict) -> tuple[spaces.Dict, list[str]]:
     """The model's ``Dict`` for a Dict observation space and the entries it leaves out.
 
-    An image entry (``uint8 [C, H, W]``; ``[H, W, C]`` is moved channels first) stays a
-    ``uint8`` image, a ``Discrete`` entry is its index (``Discrete(n)`` from 0), any other
-    entry a float32 vector (flattened); entries that are not numbers (``Text``) are left out.
+    An image entry stays a ``uint8`` image (as ``[C, H, W]``: :func:`image_layout`), a
+    ``Discrete`` entry is its index (``Discrete(n)`` from 0), any other entry a float32 vector
+    (flattened); entries that are not numbers (``Text``) are left out.
     """
     kept: dict[str, spaces.Space] = {}
     dropped: list[str] = []
@@ -134,16 +175,16 @@ class ObservationConverter:
                 name: self._entry(self._entries[name], sub, observation[name])
                 for name, sub in self.space.spaces.items()  # type: ignore[attr-defined]
             }
-        if isinstance(self.source, spaces.Box):
-            return np.asarray(observation, dtype=np.float32).reshape(-1)
-        return spaces.flatten(self.source, observation).astype(np.float32)
+        return self._entry(self.source, self.space, observation)
 
     @staticmethod
     def _entry(source: spaces.Space, target: spaces.Space, value: Any) -> np.ndarray:
+        """One observation (or Dict entry) of ``source`` in the model's form ``target``."""
         if isinstance(target, spaces.Discrete):
             return np.asarray(int(value) - int(source.start), dtype=np.int64)
-        if _channels_last(source):
-            return np.ascontiguousarray(np.moveaxis(np.asarray(value, dtype=np.uint8), -1, 0))
+        layout = image_layout(source)
+        if layout is not None:
+            return to_chw(np.asarray(value, dtype=np.uint8), layout)
         if target is source:
             return np.asarray(value, dtype=target.dtype)
         if isinstance(source, spaces.Box):

@@ -18,8 +18,9 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector import AutoresetMode
 
-from impala_rl.envs.spaces import EnvError
+from impala_rl.envs.spaces import EnvError, ObservationConverter
 
 
 class SameStepVectorEnv:
@@ -96,3 +97,71 @@ class SameStepVectorEnv:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+class NativeVectorEnv:
+    """A native vector env (an env callable's ``make_vector``) as the actor loop takes one:
+    reset on the step that ends an episode, observations in the model's form.
+
+    Gymnasium's vector envs reset an ended env on the *next* step by default
+    (``metadata["autoreset_mode"]`` is ``NEXT_STEP``; ``DISABLED`` never does): used as if they
+    reset on the same step, the reset step would be recorded as a decision. Here an env whose
+    episode ended is reset at once (``reset(options={"reset_mask": ended})``), its final
+    observation kept in ``info["final_obs"]``. Observations that the model takes in another
+    form (a channels-last image, a Dict's entries) are converted row by row.
+    """
+
+    def __init__(self, envs: Any):
+        self.envs = envs
+        self.num_envs = envs.num_envs
+        mode = getattr(envs, "metadata", {}).get("autoreset_mode")
+        self.reset_here = mode in (AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED)
+        self._convert = ObservationConverter(envs.single_observation_space)
+        self.single_observation_space = self._convert.space
+        self.single_action_space = envs.single_action_space
+
+    @staticmethod
+    def needed(envs: Any) -> bool:
+        """Whether ``envs`` resets on another step than the one that ends an episode, or
+        observes in another form than the model's."""
+        mode = getattr(envs, "metadata", {}).get("autoreset_mode")
+        other_step = mode in (AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED)
+        return other_step or not ObservationConverter(envs.single_observation_space).identity
+
+    def _model_form(self, obs: Any) -> Any:
+        if self._convert.identity:
+            return obs
+        rows = [self._convert(_row(obs, i)) for i in range(self.num_envs)]
+        if isinstance(rows[0], dict):
+            return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+        return np.stack(rows)
+
+    def reset(self, seed: int | None = None) -> tuple[Any, dict]:
+        obs, info = self.envs.reset(seed=seed)
+        return self._model_form(obs), info
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        obs, rewards, terminated, truncated, info = self.envs.step(actions)
+        ended = np.logical_or(terminated, truncated)
+        if self.reset_here and ended.any():
+            final = np.empty(self.num_envs, dtype=object)
+            for i in np.flatnonzero(ended):
+                final[i] = self._convert(_row(obs, int(i), copy=True))
+            obs, _ = self.envs.reset(options={"reset_mask": ended})
+            info = {**info, "final_obs": final, "_final_obs": ended}
+        elif "final_obs" in info and not self._convert.identity:
+            final = np.empty(self.num_envs, dtype=object)
+            for i in np.flatnonzero(info["_final_obs"]):
+                final[i] = self._convert(info["final_obs"][i])
+            info = {**info, "final_obs": final}
+        return self._model_form(obs), rewards, terminated, truncated, info
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def _row(obs: Any, i: int, copy: bool = False) -> Any:
+    """Env ``i``'s observation of a batch (a dict of batches for a Dict observation)."""
+    if isinstance(obs, dict):
+        return {k: (np.array(v[i]) if copy else v[i]) for k, v in obs.items()}
+    return np.array(obs[i]) if copy else obs[i]

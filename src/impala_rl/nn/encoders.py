@@ -369,16 +369,32 @@ class DictEncoder(nn.Module):
                 encoders[name] = make_encoder(image, shape)
             else:
                 encoders[name] = MLPEncoder(shape, hidden_sizes, activation)
-        self.entries = nn.ModuleDict(encoders)
+        # a list in the entries' order: any string names an entry ("type", "agent.pos"), and
+        # a module's children cannot have every name
+        self.names = list(encoders)
+        self.entries = nn.ModuleList(encoders.values())
         self.out_features = sum(int(e.out_features) for e in encoders.values())
+        self._register_load_state_dict_pre_hook(self._entries_by_index)
+
+    def entry(self, name: str) -> nn.Module:
+        """The encoder of entry ``name``."""
+        return self.entries[self.names.index(name)]
+
+    def _entries_by_index(self, state_dict: dict, prefix: str, *_args: Any) -> None:
+        """Checkpoints of an earlier version keyed an entry's encoder by the entry's name
+        (``entries.<name>.*``); it is the entry's index now (``entries.<i>.*``)."""
+        for i, name in enumerate(self.names):
+            old = f"{prefix}entries.{name}."
+            for key in [k for k in state_dict if k.startswith(old)]:
+                state_dict[f"{prefix}entries.{i}.{key[len(old) :]}"] = state_dict.pop(key)
 
     def use_channels_last(self) -> None:
-        for encoder in self.entries.values():
+        for encoder in self.entries:
             if hasattr(encoder, "use_channels_last"):
                 encoder.use_channels_last()
 
     def forward(self, obs: Mapping[str, Tensor]) -> Tensor:
-        parts = [encoder(obs[name]) for name, encoder in self.entries.items()]
+        parts = [encoder(obs[name]) for name, encoder in zip(self.names, self.entries, strict=True)]
         return torch.cat([p.to(parts[0].dtype) for p in parts], dim=-1)
 
 

@@ -72,17 +72,33 @@ class DictObsNorm(nn.Module):
 
     def __init__(self, shapes: Mapping[str, Sequence[int]], clip: float = 10.0, eps: float = 1e-8):
         super().__init__()
-        self.norms = nn.ModuleDict({k: RunningObsNorm(s, clip, eps) for k, s in shapes.items()})
+        # a list in the entries' order: any string names an entry ("type", "agent.pos")
+        self.names = list(shapes)
+        self.norms = nn.ModuleList(RunningObsNorm(s, clip, eps) for s in shapes.values())
+        self._index = {name: i for i, name in enumerate(self.names)}
+        self._register_load_state_dict_pre_hook(self._norms_by_index)
+
+    def norm(self, name: str) -> RunningObsNorm:
+        """The statistics of entry ``name``."""
+        return self.norms[self._index[name]]  # type: ignore[return-value]
+
+    def _norms_by_index(self, state_dict: dict, prefix: str, *_args: object) -> None:
+        """Checkpoints of an earlier version keyed an entry's statistics by its name."""
+        for i, name in enumerate(self.names):
+            old = f"{prefix}norms.{name}."
+            for key in [k for k in state_dict if k.startswith(old)]:
+                state_dict[f"{prefix}norms.{i}.{key[len(old) :]}"] = state_dict.pop(key)
 
     @torch.no_grad()
     def update(self, x: Mapping[str, Tensor], combine: Combine | None = None) -> None:
         """Merge each vector entry of ``x {entry: [*batch, *shape]}`` into its statistics (in
         one order, so every learner of a group combines the same entry at once)."""
-        for name, norm in self.norms.items():
+        for name, norm in zip(self.names, self.norms, strict=True):
             norm.update(x[name], combine)
 
     def forward(self, x: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        return {k: self.norms[k](v) if k in self.norms else v for k, v in x.items()}
+        index = self._index
+        return {k: self.norms[index[k]](v) if k in index else v for k, v in x.items()}
 
 
 def obs_norm_for(space: gymnasium.Space) -> RunningObsNorm | DictObsNorm:

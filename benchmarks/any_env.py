@@ -1,0 +1,313 @@
+"""A user's first run on their own env: ``impala train env.id=ID`` against SB3's PPO defaults.
+
+For each env, seed and library, one training run as its own process on the same env-step
+budget, timed from the process's start to its exit:
+
+- **impala-rl**: ``python -m impala_rl.cli train env.id=ID seed=S max_env_steps=N`` with no
+  other setting (``--impala-args`` adds some, for experiments);
+- **SB3**: ``PPO(policy, env, seed=S).learn(N)`` with SB3's defaults, the policy its docs name
+  for the observation (``MlpPolicy``, ``CnnPolicy`` for images, ``MultiInputPolicy`` for a
+  Dict), on the env with the wrapper its users put there where SB3 needs one to run at all
+  (MiniGrid: ``FlatObsWrapper``, RL-Zoo's).
+
+Then the final policy of each run plays ``--episodes`` deterministic episodes on fresh envs
+with the same seeds for both (its score: the mean return). The table gives, per env, the
+median over seeds of the score and of the wall time of each library and the ratios
+(impala-rl / SB3). Everything lands in ``OUT/results.json`` as it finishes: a killed run is
+started again with the same command and skips what is done. Runs alternate between the
+libraries (seed by seed), so a change in the machine's load falls on both.
+
+    pip install -e '.[bench]'    # SB3, highway-env, flappy-bird-gymnasium (benchmark only)
+    python benchmarks/any_env.py --out runs/any-env               # every env, seeds 0 1 2
+    python benchmarks/any_env.py --envs gridworld catch --seeds 0 --out runs/any-env-try
+    python benchmarks/any_env.py --table runs/any-env             # the table of what is done
+
+Envs marked ``tuned`` are those the no-preset defaults were chosen on; the others are held out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+MAX_EVAL_STEPS = 10_000  # an evaluation episode's cap, for envs a good policy never ends
+
+
+@dataclass(frozen=True)
+class Env:
+    """One benchmark env: our ``env.id``, its budget, how SB3 runs it."""
+
+    env_id: str
+    steps: int
+    sb3_policy: str = "MlpPolicy"
+    sb3_wrapper: str | None = None  # "minigrid_flat"
+    tuned: bool = False
+    kind: str = ""
+    episodes: int = 20
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+ENVS: dict[str, Env] = {
+    "gridworld": Env(
+        "impala_rl.envs.samples:GridWorld",
+        100_000,
+        "MultiInputPolicy",
+        tuned=True,
+        kind="grid world, Dict of int coordinates",
+    ),
+    "catch": Env(
+        "impala_rl.envs.samples:Catch",
+        50_000,
+        "CnnPolicy",
+        tuned=True,
+        kind="pixel game, channels-last RGB",
+    ),
+    "pointgoal": Env(
+        "impala_rl.envs.samples:PointGoal",
+        100_000,
+        "MultiInputPolicy",
+        tuned=True,
+        kind="continuous control, Dict of vectors",
+    ),
+    "minigrid-unlock": Env(
+        "MiniGrid-Unlock-v0", 100_000, sb3_wrapper="minigrid_flat", kind="MiniGrid room"
+    ),
+    "minigrid-lavagap": Env(
+        "MiniGrid-LavaGapS5-v0", 100_000, sb3_wrapper="minigrid_flat", kind="MiniGrid room"
+    ),
+    "minatar-freeway": Env("MinAtar/Freeway-v1", 300_000, kind="MinAtar game"),
+    "inverted-double-pendulum": Env("InvertedDoublePendulum-v5", 200_000, kind="MuJoCo"),
+    "taxi": Env("Taxi-v4", 100_000, kind="toy text, Discrete observation"),
+    "flappy-bird": Env(
+        "flappy_bird_gymnasium:FlappyBird-v0", 200_000, kind="third-party package (lidar)"
+    ),
+    "highway": Env(
+        "highway_env:highway-fast-v0", 20_000, kind="third-party package, slow steps", episodes=10
+    ),
+}
+
+
+# -- one training run per process ------------------------------------------------------------
+def make_env(spec: Env, for_sb3: bool) -> Any:
+    """The env as a user makes it (SB3: with the wrapper SB3 needs)."""
+    import gymnasium as gym
+
+    if spec.env_id.startswith("impala_rl.envs.samples:"):
+        from impala_rl.envs import samples
+
+        env = getattr(samples, spec.env_id.split(":")[1])(**spec.kwargs)
+    else:
+        env_id = spec.env_id
+        if ":" in env_id:  # package:EnvId, Gymnasium's form
+            module, _, env_id = env_id.partition(":")
+            __import__(module)
+        if env_id.startswith("MiniGrid-"):
+            import minigrid  # noqa: F401  (registers its ids)
+        if env_id.startswith("MinAtar/"):  # its own Gymnasium env: bool [10, 10, C] frames
+            import minatar.gym
+
+            if env_id not in gym.registry:
+                minatar.gym.register_envs()
+        env = gym.make(env_id, **spec.kwargs)
+    if for_sb3 and spec.sb3_wrapper == "minigrid_flat":
+        from minigrid.wrappers import FlatObsWrapper
+
+        env = FlatObsWrapper(env)
+    return env
+
+
+def sb3_train(name: str, seed: int, out: Path) -> None:
+    """One SB3 run (in its own process): PPO with its defaults, saved to ``out``."""
+    from stable_baselines3 import PPO
+
+    spec = ENVS[name]
+    model = PPO(spec.sb3_policy, make_env(spec, for_sb3=True), seed=seed, verbose=0)
+    model.learn(spec.steps)
+    model.save(out / "model.zip")
+
+
+def run_one(name: str, lib: str, seed: int, out: Path, impala_args: list[str]) -> dict:
+    """Train ``lib`` on env ``name`` with ``seed`` as its own process, timed; its record."""
+    spec = ENVS[name]
+    run_dir = out / name / f"{lib}-seed{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if lib == "impala":
+        command = [
+            sys.executable,
+            "-m",
+            "impala_rl.cli",
+            "train",
+            f"env.id={spec.env_id}",
+            f"seed={seed}",
+            f"max_env_steps={spec.steps}",
+            "log.console=false",
+            *impala_args,
+            "--run-dir",
+            str(run_dir / "run"),
+        ]
+    else:
+        command = [sys.executable, __file__, "--sb3-train", name, str(seed), str(run_dir)]
+        command += ["--steps", str(spec.steps)]
+    start = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"{lib} on {name} seed {seed}: exit {proc.returncode}: {tail}")
+    score = evaluate(name, lib, run_dir, episodes=spec.episodes)
+    return {"env": name, "lib": lib, "seed": seed, "wall_s": wall, "score": score}
+
+
+def evaluate(name: str, lib: str, run_dir: Path, episodes: int) -> float:
+    """Mean return of the run's final policy over deterministic episodes on fresh envs, the
+    same seeds for both libraries."""
+    spec = ENVS[name]
+    if lib == "impala":  # the env as the run made it (MinAtar's own frames, ...)
+        from impala_rl import load_policy
+
+        policy = load_policy(run_dir / "run", which="last")
+        env = policy.env_factory()
+
+        def act(obs: Any) -> Any:
+            return policy.act(obs, deterministic=True)
+
+        reset = policy.reset
+    else:
+        from stable_baselines3 import PPO
+
+        model = PPO.load(run_dir / "model.zip", device="cpu")
+        env = make_env(spec, for_sb3=True)
+
+        def act(obs: Any) -> Any:
+            action = model.predict(obs, deterministic=True)[0]
+            return int(action) if np.ndim(action) == 0 else action  # Taxi indexes by it
+
+        def reset() -> None:
+            return None
+
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=10_000 + episode)
+        reset()
+        total, done, steps = 0.0, False, 0
+        while not done and steps < MAX_EVAL_STEPS:
+            obs, reward, terminated, truncated, _ = env.step(act(obs))
+            total += float(reward)
+            done, steps = terminated or truncated, steps + 1
+        returns.append(total)
+    env.close()
+    return float(np.mean(returns))
+
+
+# -- the study --------------------------------------------------------------------------------
+def load_results(out: Path) -> list[dict]:
+    path = out / "results.json"
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def save_results(out: Path, results: list[dict]) -> None:
+    path = out / "results.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(path)
+
+
+def table(results: list[dict]) -> str:
+    """Per env: median score and wall time of each library over seeds, and the ratios."""
+    rows = [
+        "| env | kind | steps | seeds | impala-rl score | SB3 score | impala-rl s | SB3 s "
+        "| time ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    total = {"impala": 0.0, "sb3": 0.0}
+    for name, spec in ENVS.items():
+        by_lib = {
+            lib: [r for r in results if r["env"] == name and r["lib"] == lib]
+            for lib in ("impala", "sb3")
+        }
+        seeds = sorted({r["seed"] for r in by_lib["impala"]} & {r["seed"] for r in by_lib["sb3"]})
+        if not seeds:
+            continue
+        med = {
+            lib: {
+                key: statistics.median(r[key] for r in rs if r["seed"] in seeds)
+                for key in ("score", "wall_s")
+            }
+            for lib, rs in by_lib.items()
+        }
+        for lib in total:
+            total[lib] += sum(r["wall_s"] for r in by_lib[lib] if r["seed"] in seeds)
+        scores = {
+            lib: "/".join(f"{r['score']:.3g}" for r in sorted(rs, key=lambda r: r["seed"]))
+            for lib, rs in by_lib.items()
+        }
+        mark = " (tuned)" if spec.tuned else " (held out)"
+        rows.append(
+            f"| {name}{mark} | {spec.kind} | {spec.steps:,} | {len(seeds)} "
+            f"| **{med['impala']['score']:.3g}** ({scores['impala']}) "
+            f"| **{med['sb3']['score']:.3g}** ({scores['sb3']}) "
+            f"| {med['impala']['wall_s']:.0f} | {med['sb3']['wall_s']:.0f} "
+            f"| {med['impala']['wall_s'] / med['sb3']['wall_s']:.2f} |"
+        )
+    if total["sb3"]:
+        rows.append(
+            f"\nAll runs' wall time: impala-rl {total['impala']:.0f} s, SB3 {total['sb3']:.0f} s, "
+            f"ratio {total['impala'] / total['sb3']:.2f}"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--libs", nargs="+", default=["sb3", "impala"], choices=["sb3", "impala"])
+    parser.add_argument("--out", type=Path, default=Path("runs/any-env"))
+    parser.add_argument("--impala-args", nargs="*", default=[], help="extra key=value settings")
+    parser.add_argument("--steps", type=int, help="every env's budget (a smoke test)")
+    parser.add_argument("--table", type=Path, help="print the table of a finished OUT and exit")
+    parser.add_argument(
+        "--sb3-train", nargs=3, metavar=("ENV", "SEED", "DIR"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+    if args.sb3_train:
+        name, seed, run_dir = args.sb3_train
+        if args.steps:
+            ENVS[name] = dataclasses.replace(ENVS[name], steps=args.steps)
+        sb3_train(name, int(seed), Path(run_dir))
+        return
+    if args.table:
+        print(table(load_results(args.table)))
+        return
+    if args.steps:
+        for name, spec in ENVS.items():
+            ENVS[name] = dataclasses.replace(spec, steps=args.steps, episodes=2)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "command.txt").write_text(" ".join([sys.executable, *sys.argv]) + "\n")
+    results = load_results(args.out)
+    done = {(r["env"], r["lib"], r["seed"]) for r in results}
+    for name in args.envs:
+        for seed in args.seeds:
+            for lib in args.libs:
+                if (name, lib, seed) in done:
+                    continue
+                record = run_one(name, lib, seed, args.out, args.impala_args)
+                print(json.dumps(record), flush=True)
+                results.append(record)
+                save_results(args.out, results)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
