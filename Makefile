@@ -2,24 +2,34 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+BASE   := $(VENV)/.installed-base
 STAMP  := $(VENV)/.installed
 PRESET ?= cartpole
 ARGS   ?=
+# torch first: pip's default index gives Linux a CUDA build (GBs). Where torch==2.13.0 is not
+# a local CPU build, choose PyTorch's CPU index, e.g.
+#   make train TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
+TORCH  ?= torch==2.13.0
 
 .PHONY: venv train test test-all lint format bench clean
 
-$(STAMP): pyproject.toml
+# What training CartPole needs: torch and the package alone.
+$(BASE): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# The CPU build of torch first: a range or a later release would pull CUDA packages.
-	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e .
+	touch $(BASE)
+
+# The full set for the suite: every env family's extra, Ray, pytest and the linters.
+$(STAMP): $(BASE)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 ## Train the CartPole preset until solved (evaluation mean >= 475), with live progress.
-train: $(STAMP)
+train: $(BASE)
 	$(BIN)/impala train $(PRESET) $(ARGS)
 
 ## The test suite (slow tests excluded; `make test-all` runs them too).

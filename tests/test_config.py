@@ -264,6 +264,9 @@ def test_queue_out_of_sync_factor_that_can_never_form_a_batch_is_refused(factor,
         load_config("cartpole", overrides)
     msg = str(info.value)
     assert "'algorithm.queue_out_of_sync_factor'" in msg
+    if not float(factor) > 0 or float(factor) == float("inf"):  # the key's own range first
+        assert "valid: a number > 0" in msg
+        return
     assert "ceil(factor * actors_batch_size) >= actors_batch_size" in msg and bound in msg
 
 

@@ -575,7 +575,7 @@ def test_console_prints_a_late_evaluation_as_one_short_line(terminal):
         assert "epoch=3 eval_return/mean=182.6" in lines  # the table's eval column
     else:
         assert lines == [
-            "epoch=3 env_steps=1920 episode_return/mean=21.5 policy_loss/0=0.25 grad_norm=3",
+            "epoch=3 env_steps=1920 episode_return/mean=21.5 policy_loss/0=0.25 grad_norm=3.0",
             "epoch=3 eval_return/mean=182.6 eval_return/std=34.25",
         ]
 

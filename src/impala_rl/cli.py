@@ -18,6 +18,23 @@ EPILOG = """examples:
   impala eval runs/cp1 --episodes 20          # also writes runs/cp1/eval.json
   impala eval runs/cp1 --episodes 1 --video cp1.mp4
   impala plot runs/cp1 runs/cp2 --out compare.png
+  impala tune env.id=Acrobot-v1 --space algorithm.lr='loguniform(1e-5, 1e-2)' --trials 20
+  impala tune --config study.yaml --pbt --population 4 --study-dir runs/pbt
+"""
+
+
+TUNE_EPILOG = """a study searches settings with Optuna (TPE, median pruning), each trial an
+ordinary run in STUDY_DIR/trials/<n>/seed<s>; --pbt trains a population (STUDY_DIR/members/<i>).
+Rerunning the same command continues. STUDY_DIR gets trials.csv, best.yaml (impala train
+--config best.yaml runs it) and study.png (population.png). Watch a study live:
+optuna-dashboard sqlite:///STUDY_DIR/study.db
+
+examples:
+  impala tune env.id=Acrobot-v1 --space algorithm.lr='loguniform(1e-5, 1e-2)' \\
+      --space algorithm.entropy_coef='uniform(0, 0.05)' --trials 20 --steps 100000 --jobs 2
+  impala tune --config study.yaml            # a tune: section with space, trials, steps, ...
+  impala tune minatar_breakout --pbt --space algorithm.lr='loguniform(1e-4, 1e-2)' \\
+      --population 4 --steps 2000000 --interval 200000 --study-dir runs/pbt-breakout
 """
 
 
@@ -49,6 +66,44 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--run-dir", help="where to write the run (default runs/<env>-<time>)")
     train.add_argument(
         "--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint"
+    )
+    tune = sub.add_parser(
+        "tune",
+        help="search settings (Optuna) or train a population (PBT)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=TUNE_EPILOG,
+    )
+    tune.add_argument(
+        "items", nargs="*", metavar="[PRESET] [key=value ...]", help="as for impala train"
+    )
+    tune.add_argument("--config", help="a YAML config file; its tune: section sets the study")
+    tune.add_argument(
+        "--space",
+        action="append",
+        default=[],
+        metavar="KEY=DIST",
+        help="a key to search: loguniform(lo, hi), uniform(lo, hi), int(lo, hi), intlog(lo, "
+        "hi) or choice(a, b, ...); once per key",
+    )
+    tune.add_argument("--trials", type=int, help="trials to finish (20)")
+    tune.add_argument("--steps", type=int, help="env steps per trial, or per member (100000)")
+    tune.add_argument("--jobs", type=int, help="trials (or members) trained at once (1)")
+    tune.add_argument("--seeds", type=int, nargs="+", help="seeds each trial runs, averaged (0)")
+    tune.add_argument("--objective", help="the statistic to maximize (eval_return/mean)")
+    tune.add_argument("--minimize", action="store_true", help="minimize the objective")
+    tune.add_argument("--no-prune", action="store_true", help="no median pruning")
+    tune.add_argument("--study-dir", help="the study's directory (runs/tune, runs/pbt)")
+    tune.add_argument(
+        "--ray",
+        action="store_true",
+        help="trials as Ray tasks: on runner.ray_address's cluster, else a Ray of this machine",
+    )
+    tune.add_argument("--pbt", action="store_true", help="population-based training")
+    tune.add_argument("--population", type=int, help="PBT: members (4)")
+    tune.add_argument("--interval", type=int, help="PBT: env steps between exploits (50000)")
+    tune.add_argument("--quantile", type=float, help="PBT: bottom and top share (0.25)")
+    tune.add_argument(
+        "--no-exploit", action="store_true", help="PBT: the same members, trained apart"
     )
     ev = sub.add_parser("eval", help="evaluate a trained run's best policy")
     ev.add_argument("run_dir")
@@ -107,12 +162,25 @@ def _train(args: argparse.Namespace) -> int:
         trainer = Trainer(cfg, run_dir=args.run_dir)
     try:
         summary = trainer.train()
+    except BaseException as exc:
+        if hasattr(exc, "summary"):  # the run started, then failed: what it did, for scripts
+            print(json.dumps(exc.summary, indent=2))
+        raise
     finally:
         from impala_rl.actors.subprocess import stop_helper_processes
 
         stop_helper_processes()  # this process ends here: nothing it started may outlive it
     print(json.dumps(summary, indent=2))
     return 130 if summary["stopped_because"] == "interrupted" else 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from impala_rl.tune.cli import run_tune
+
+    preset, overrides = _split_preset(args.items)
+    if preset and args.config:
+        raise _UsageError("give a preset or --config FILE, not both")
+    return run_tune(args, args.config or preset, overrides)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -137,13 +205,17 @@ def _eval(args: argparse.Namespace) -> int:
     kwargs = {**env_cfg.kwargs, **env_cfg.eval_kwargs}
     if args.render or args.video:
         kwargs["render_mode"] = "human" if args.render else "rgb_array"
-    factory = EnvFactory(env_cfg.id, kwargs, env_cfg.max_episode_steps)
+    factory = EnvFactory.of(env_cfg, kwargs, vector="python")
     recording = None
     if args.video:
         from impala_rl.envs.video import check_video_support, recording_factory
 
+        video = Path(args.video)
+        if video.is_dir():
+            raise _UsageError(f"--video {args.video!r} is a directory; give a FILE.mp4")
         check_video_support(factory)
-        recording = recording_factory(factory, Path(args.video))
+        video.parent.mkdir(parents=True, exist_ok=True)  # as a run directory is made
+        recording = recording_factory(factory, video)
     n_parallel = 1 if args.render else args.episodes
     returns: list[float] = []
     wins: list[bool] = []
@@ -198,6 +270,12 @@ class _UsageError(ValueError):
     pass
 
 
+REFUSED = 2
+"""Exit status of a command refused before anything ran (bad settings, a missing run)."""
+RUN_FAILED = 1
+"""Exit status of a run that started and ended in error (its summary is on stdout)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.logging import RichHandler
@@ -209,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and (args.command != "train" or any(e.startswith("-") for e in extra)):
+    if extra and (args.command not in ("train", "tune") or any(e.startswith("-") for e in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.items = [*args.items, *extra]
@@ -231,15 +309,21 @@ def main(argv: list[str] | None = None) -> int:
         from impala_rl.trainer import TRAINING_ERRORS
 
         user_errors += TRAINING_ERRORS
+    if args.command == "tune":
+        from impala_rl.tune.runs import TrainingRunFailed
+
+        user_errors += (TrainingRunFailed,)
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "tune":
+            return _tune(args)
         if args.command == "plot":
             return _plot(args)
         return _eval(args)
     except user_errors as exc:
         print(f"impala: error: {exc}", file=sys.stderr)
-        return 2
+        return RUN_FAILED if hasattr(exc, "summary") else REFUSED
     except KeyboardInterrupt:
         print("impala: interrupted", file=sys.stderr)
         return 130

@@ -127,7 +127,8 @@ class ImpalaAlgorithmConfig:
     """The learning rate rises linearly from 0 to its scheduled value over this many env
     steps (0: no warm-up)."""
     device: str = "cpu"
-    """Learner device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available)."""
+    """Learner device: ``cpu``, ``cuda``, ``cuda:N``, ``mps`` (Apple silicon) or ``auto``
+    (cuda when available)."""
     cuda_graph: bool = True
     """On a GPU, capture the update's forward, V-trace, losses, backward and clipping as one
     CUDA graph per batch shape (one launch instead of hundreds; the optimizer step follows
@@ -215,6 +216,11 @@ class EnvConfig:
     """Keyword arguments for ``gymnasium.make`` or the factory."""
     max_episode_steps: int | None = None
     """Time limit (truncation) on top of the env's own (``null``: the env's own)."""
+    frame_stack: int = 1
+    """Observations of the last this many steps, stacked (Gymnasium's
+    ``FrameStackObservation``; zeros before an episode's first): for a pixel env whose single
+    frames hide motion (CarRacing). Images stack as channels, vectors as one longer vector.
+    ``1``: the observation alone."""
     vector: str = "python"
     """How an actor steps its envs: ``python`` (one after the other), ``envpool`` (envpool's
     C++ vector env, classic control ids) or ``auto`` (times an actor's loop on both at
@@ -440,9 +446,41 @@ def _preset_layers(preset: str, seen: tuple[str, ...] = ()) -> list[Any]:
     return [*_preset_layers(str(base), (*seen, preset)), layer]
 
 
+def user_file_keys(preset: str | Path | None) -> set[str]:
+    """The dotted keys a config file of the user's sets (``impala train --config FILE`` or a
+    path as the preset), its own and those of other files of theirs it builds on (``base:``),
+    not those of the shipped presets under them: what the user gave, as an override is."""
+    keys: set[str] = set()
+    seen: set[Path] = set()
+    name = None if preset is None else str(preset)
+    while name is not None:
+        path = _preset_path(name).resolve()
+        if path.parent == PRESETS_DIR.resolve() or path in seen:
+            break
+        seen.add(path)
+        layer = OmegaConf.load(path)
+        if not isinstance(layer, DictConfig):
+            break
+        base = layer.pop("base", None)
+        keys |= _dotted_keys(OmegaConf.to_container(layer))  # type: ignore[arg-type]
+        name = None if base is None else str(base)
+    return keys
+
+
+def _dotted_keys(tree: dict, prefix: str = "") -> set[str]:
+    """``section.key`` of every leaf of a nested dict (a dict under ``env.kwargs`` key by key)."""
+    keys: set[str] = set()
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            keys |= _dotted_keys(value, f"{prefix}{key}.")
+        else:
+            keys.add(f"{prefix}{key}")
+    return keys
+
+
 def _preset_path(preset: str) -> Path:
     path = Path(preset)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
         return path
@@ -609,8 +647,16 @@ def _device(value: str) -> bool:
 # Every range and choice of the schema, by dotted key. The schema's types come first (OmegaConf
 # refuses unknown keys and wrong types); these rules then run in this order.
 RULES: dict[str, Rule] = {
+    # numpy's legacy seed takes 32 bits; a negative one fails in np.random.SeedSequence
+    "seed": Rule(
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32,
+        "an integer in [0, 2**32)",
+    ),
+    "target_return": Rule(_number, "a finite number or null", nullable=True),
     "max_env_steps": at_least(1, integer=True, nullable=True),
     "max_wall_time_s": above(0, nullable=True),
+    "algorithm.n_epochs": at_least(0, integer=True),
+    "algorithm.patience": at_least(0, integer=True),
     "algorithm.epoch_length": at_least(1, integer=True),
     "algorithm.n_rollout_steps": at_least(1, integer=True),
     "algorithm.lr": above(0),
@@ -636,7 +682,8 @@ RULES: dict[str, Rule] = {
     "algorithm.rmsprop_initial_square_avg": at_least(0),
     "algorithm.lr_warmup_env_steps": at_least(0, integer=True),
     "algorithm.device": Rule(_device, "cpu | cuda | cuda:N | mps | auto"),
-    # algorithm.queue_out_of_sync_factor: against actors_batch_size in validate()
+    # and against actors_batch_size in validate()
+    "algorithm.queue_out_of_sync_factor": above(0),
     "algorithm.actors_batch_size": at_least(1, integer=True),
     "algorithm.num_actors": at_least(1, integer=True),
     "algorithm.envs_per_actor": at_least(1, integer=True),
@@ -663,6 +710,7 @@ RULES: dict[str, Rule] = {
     ),
     "env.id": Rule(bool, "a Gymnasium id, module:callable or module:EnvId"),
     "env.max_episode_steps": at_least(1, integer=True, nullable=True),
+    "env.frame_stack": at_least(1, integer=True),
     "env.vector": one_of(VECTOR_ENVS),
     "model.hidden_sizes": Rule(
         lambda v: len(v) >= 1 and all(h >= 1 for h in v), "a non-empty list of integers >= 1"
@@ -720,6 +768,12 @@ RULES: dict[str, Rule] = {
     "runner.ray_num_gpus_per_learner": at_least(0),
     "runner.ray_num_cpus_per_learner": at_least(0),
     "log.checkpoint_every_epochs": at_least(1, integer=True),
+    "log.run_dir": Rule(
+        lambda v: bool(v.strip()) and not Path(v).expanduser().is_file(),
+        "null or a directory path (not an existing file)",
+        nullable=True,
+    ),
+    "log.wandb_project": Rule(lambda v: bool(v.strip()), "a non-empty project name"),
 }
 
 

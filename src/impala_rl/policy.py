@@ -36,7 +36,47 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> 
     from impala_rl.config import load_config
 
     base = config_from_dict(data["config"])
-    return load_config(base=to_dict(base), overrides=overrides) if overrides else base
+    if not overrides:
+        return base
+    cfg = load_config(base=to_dict(base), overrides=overrides)
+    check_resumable(base, cfg, overrides)
+    return cfg
+
+
+RESUMABLE_MODEL_KEYS = ("model.precision", "model.channels_last", "model.init", "model.popart_beta")
+"""``model`` settings a resume may change: how the saved weights compute, not their shapes."""
+
+
+def check_resumable(saved: RunConfig, cfg: RunConfig, overrides: list[str]) -> None:
+    """Refuse overrides on resume that the saved weights cannot follow, naming the key: another
+    env (``env.id``, ``env.frame_stack``) or another model (``model.*`` but
+    :data:`RESUMABLE_MODEL_KEYS`). An ``env.kwargs`` override that changes the env's spaces is
+    refused when the weights are loaded."""
+    from impala_rl.config import ConfigError
+
+    old, new = _flat(to_dict(saved)), _flat(to_dict(cfg))
+    for item in overrides:
+        key = item.split("=", 1)[0].strip().lstrip("+")
+        fixed = key in ("env.id", "env.frame_stack")
+        fixed |= key.startswith("model.") and key not in RESUMABLE_MODEL_KEYS
+        changed = [k for k in new if (k == key or k.startswith(f"{key}.")) and new[k] != old.get(k)]
+        changed += [k for k in old if k.startswith(f"{key}.") and k not in new]
+        if fixed and changed:
+            raise ConfigError(
+                f"{key}={new.get(key, '...')!r} on resume: the run was trained with "
+                f"{old.get(key, 'another value')!r}, and its saved weights fit only that env "
+                "and model; resume without this override or start a new run"
+            )
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 class Policy:
@@ -171,6 +211,9 @@ def _fits(obs: Any, space: Any, batch_dims: int) -> bool:
         return False
     if space.shape is None:  # a Tuple space: one observation
         return batch_dims == 0
+    discrete = (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete)
+    if isinstance(space, discrete) and np.asarray(obs).dtype.kind not in "iub":
+        return False  # indices, not the model's float one-hot of them
     shape = np.shape(obs)
     return len(shape) == len(space.shape) + batch_dims and shape[batch_dims:] == tuple(space.shape)
 
@@ -204,7 +247,7 @@ def load_policy(run_dir: str | Path, which: str = "best") -> Policy:
         raise RunDirError(f"{str(run_dir)!r} has no checkpoints/{which}.pt")
     data = checkpoint.load(path)
     cfg = config_from_dict(data["config"])
-    env_factory = EnvFactory(cfg.env.id, cfg.env.kwargs, cfg.env.max_episode_steps, cfg.env.vector)
+    env_factory = EnvFactory.of(cfg.env)
     env = env_factory()
     try:
         model = build_model_for_env(cfg.model, env)

@@ -177,7 +177,15 @@ class Trainer:
                 f"was trained with {trained_with!r}: its optimizer state cannot carry over; "
                 "resume without this override or start a new run"
             )
-        self.learner.model.load_state_dict(data["model"])
+        try:
+            self.learner.model.load_state_dict(data["model"])
+        except RuntimeError as exc:  # e.g. an env.kwargs override that changed the spaces
+            first = str(exc).strip().splitlines()
+            raise ConfigError(
+                "the run's saved weights do not fit the model this config builds (an override "
+                "changed the env's spaces or the model; resume without it or start a new run): "
+                + " ".join(line.strip() for line in first[1:3])
+            ) from None
         if self.learner.target_model is not None:  # appo: the saved target network, or the
             # trained weights when the run was not appo before
             self.learner.target_model.load_state_dict(data.get("target_model", data["model"]))
@@ -327,7 +335,8 @@ class Trainer:
             summary = self._write_summary(stopped_because or "error", self.recent_returns, error)
         finally:
             self._release_run_dir()
-        if error is not None:
+        if error is not None:  # a caller can read what the run did: error.summary
+            error.summary = summary  # type: ignore[attr-defined]
             raise error
         return summary
 

@@ -67,9 +67,11 @@ def plain_epoch_line(epoch: int, env_steps: int, stats: dict[str, float]) -> str
 
 
 def _plain(value: float) -> str:
+    """A value at full precision: the shortest text that reads back as the same float (as in
+    ``metrics.jsonl``)."""
     if isinstance(value, float) and math.isnan(value):
         return "nan"
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
+    return repr(float(value)) if isinstance(value, float) else str(value)
 
 
 class ConsoleWriter:
