@@ -234,6 +234,10 @@ class TwoNodeCluster:
         self.env = {
             **os.environ,
             "RAY_USAGE_STATS_ENABLED": "0",
+            # Ray 2.60 turns token auth on for a head where ~/.ray/auth_token exists (a local
+            # ray.init of an earlier test writes it) but not for the worker joining it: one
+            # mode for every process of this cluster
+            "RAY_AUTH_MODE": "disabled",
             # notice a dead node within a few seconds (default: tens of seconds)
             "RAY_health_check_initial_delay_ms": "1000",
             "RAY_health_check_period_ms": "500",
