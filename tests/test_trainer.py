@@ -461,6 +461,8 @@ def test_broadcast_every_publishes_every_kth_step_and_each_batchs_last(tmp_path,
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(SequentialDistributedActors, "broadcast_updated_policy", spy_broadcast)
         mp.setattr(Learner, "update", spy_update)
+        # as actors that act while the learner steps (subprocess, Ray) are sent
+        mp.setattr(SequentialDistributedActors, "acts_between_batches", False)
         _train(
             tmp_path,
             "algorithm.num_passes=2",
@@ -473,6 +475,32 @@ def test_broadcast_every_publishes_every_kth_step_and_each_batchs_last(tmp_path,
     assert sent == expected
     assert set(seen) <= {0, *expected}  # the actors acted only with broadcast weights
     assert max(seen) > 0
+
+
+def test_actors_that_act_between_batches_are_sent_only_each_batchs_last_weights(tmp_path):
+    """The sequential backend acts only between batches: the learner sends a batch's last
+    weights alone, stamped with the optimizer steps so far, whatever ``broadcast_every``."""
+    from impala_rl.actors import SequentialDistributedActors
+
+    sent: list[int | None] = []
+    broadcast = SequentialDistributedActors.broadcast_updated_policy
+
+    def spy_broadcast(self, state_dict, version=None):
+        sent.append(version)
+        return broadcast(self, state_dict, version)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SequentialDistributedActors, "broadcast_updated_policy", spy_broadcast)
+        _train(
+            tmp_path,
+            "algorithm.num_passes=2",
+            "algorithm.num_minibatches=2",
+            "algorithm.broadcast_every=1",
+            "algorithm.n_epochs=1",
+            "algorithm.epoch_length=2",
+            "target_return=null",
+        )
+    assert sent == [4, 8]
 
 
 def test_broadcast_every_must_be_a_positive_step_count():

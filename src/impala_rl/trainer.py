@@ -30,6 +30,7 @@ from impala_rl.config import (
     RunConfig,
     broadcasts_after,
     check_num_minibatches,
+    steps_per_batch,
     to_dict,
     to_yaml,
 )
@@ -447,13 +448,17 @@ class Trainer:
             # Sample reuse: each pass (of num_minibatches column blocks, one optimizer step
             # each) recomputes V-trace against the current weights. Every broadcast_every-th
             # step and the batch's last are broadcast, stamped with the optimizer steps so
-            # far, so versions (and policy lag) keep counting optimizer steps.
+            # far, so versions (and policy lag) keep counting optimizer steps; actors that act
+            # only between batches get the last alone.
+            steps = steps_per_batch(cfg.algorithm)
             for n in range(cfg.algorithm.num_passes):
                 for block in self.learner.minibatches(collected.batch):
                     passes.append(
                         self.learner.update(block, train_policy=train_policy, fresh=n == 0)
                     )
-                    if broadcasts_after(cfg.algorithm, len(passes)):
+                    if broadcasts_after(cfg.algorithm, len(passes)) and (
+                        len(passes) == steps or not actors.acts_between_batches
+                    ):
                         actors.broadcast_updated_policy(
                             self.learner.model.state_dict(), self.learner.num_updates
                         )

@@ -59,6 +59,10 @@ class DistributedActors(abc.ABC):
     :class:`impala_rl.events.ActorEvents`, reduced per epoch by the aggregator.
     """
 
+    #: Whether only a batch's last broadcast reaches the actors (they act between batches,
+    #: not while the learner steps): the learner then skips the others.
+    acts_between_batches: bool = False
+
     def __init__(
         self,
         env_factory: Callable[[], gym.Env],

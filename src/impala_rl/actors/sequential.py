@@ -22,6 +22,8 @@ class SequentialDistributedActors(DistributedActors):
     its version: policy lag is always 0.
     """
 
+    acts_between_batches = True
+
     def start(self) -> None:
         cfg = self.cfg
         self.actors = [
