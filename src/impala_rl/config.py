@@ -249,9 +249,14 @@ class ModelConfig:
     the space's dtype: images stay uint8) to features ``[N, out_features]``. The heads, core,
     last inputs, PopArt, bf16 and central inference work on top of it as on a built-in one.
     A Dict observation gets an encoder per entry, features concatenated: the CNN that fits an
-    image (the one named here, if any), a one-hot for a Discrete entry, an MLP
-    (``hidden_sizes``) for a vector; an encoder by import path gets the whole Dict
-    (``{entry: [N, *o_entry]}``)."""
+    image (the one named here, if any), a one-hot for a Discrete entry, and for its vectors
+    the MLP (``hidden_sizes``) of ``dict_vectors``; an encoder by import path gets the whole
+    Dict (``{entry: [N, *o_entry]}``)."""
+    dict_vectors: str = "joint"
+    """A Dict observation's vector entries: ``joint``, concatenated into one MLP, so features
+    can combine entries (a goal's offset from a position; SB3's ``CombinedExtractor`` and
+    RLlib read a Dict so); ``per_entry``, an MLP each, their features only added up by the
+    heads (runs saved before this setting existed)."""
     encoder_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of an encoder given by import path (recorded with the run, so resume,
     ``impala eval`` and ``load_policy`` rebuild it); empty for a built-in encoder."""
@@ -571,7 +576,13 @@ def merge_config(
 
 
 def config_from_dict(data: dict) -> RunConfig:
-    """Rebuild a validated config from :func:`to_dict`'s output (e.g. a checkpoint)."""
+    """Rebuild a validated config from :func:`to_dict`'s output (e.g. a checkpoint).
+
+    A config saved before a setting existed gets the behaviour it was trained with:
+    ``model.dict_vectors=per_entry``."""
+    model = data.get("model")
+    if isinstance(model, dict) and "dict_vectors" not in model:
+        data = {**data, "model": {**model, "dict_vectors": "per_entry"}}
     return load_config(base=data)
 
 
@@ -735,6 +746,7 @@ RULES: dict[str, Rule] = {
         "a non-empty list of a Dict observation's entries",
         nullable=True,
     ),
+    "model.dict_vectors": one_of(("joint", "per_entry")),
     "model.core": one_of(CORES),
     "model.lstm_hidden_size": at_least(1, integer=True),
     "model.precision": one_of(PRECISIONS),

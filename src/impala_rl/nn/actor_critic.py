@@ -140,6 +140,7 @@ class ActorCritic(nn.Module):
         normalize_obs: bool = False,
         popart_beta: float | None = None,
         encoder_kwargs: Mapping[str, Any] | None = None,
+        dict_vectors: str = "joint",
         value_encoder: str | None = None,
         value_encoder_kwargs: Mapping[str, Any] | None = None,
         policy_obs_keys: Sequence[str] | None = None,
@@ -178,7 +179,7 @@ class ActorCritic(nn.Module):
 
         def torso(kind: str, kwargs: Any, sizes: Sequence[int], field: str, space: Any) -> Any:
             shape = tuple(space.shape or ())
-            return make_encoder(kind, shape, sizes, activation, space, kwargs, field)
+            return make_encoder(kind, shape, sizes, activation, space, kwargs, field, dict_vectors)
 
         torsos = {
             k: torso(

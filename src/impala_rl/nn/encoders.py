@@ -345,7 +345,9 @@ NATURE_CNN_MIN_SIDE = 36  # 8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave >= 1 
 class DictEncoder(nn.Module):
     """An encoder per entry of a Dict observation, their features concatenated: the CNN that
     fits an image entry (``kind`` when it names one, else the Nature CNN from 36 pixels a
-    side, the MinAtar CNN below), a one-hot for a ``Discrete`` entry, an MLP for a vector.
+    side, the MinAtar CNN below), a one-hot for a ``Discrete`` entry, and for the vectors
+    one MLP over all of them concatenated (``vectors="joint"``) or an MLP each
+    (``"per_entry"``, as runs of an earlier version were built).
 
     Takes ``{entry: [*batch, *o_entry]}`` and returns ``[*batch, out_features]``."""
 
@@ -355,9 +357,11 @@ class DictEncoder(nn.Module):
         kind: str,
         hidden_sizes: Sequence[int],
         activation: str,
+        vectors: str = "joint",
     ):
         super().__init__()
         encoders: dict[str, nn.Module] = {}
+        joint: dict[str, tuple[int, ...]] = {}
         for name, sub in space.spaces.items():
             shape = tuple(sub.shape)
             if isinstance(sub, gymnasium.spaces.Discrete):
@@ -367,23 +371,32 @@ class DictEncoder(nn.Module):
                 if image is None:
                     image = "nature_cnn" if min(shape[1:]) >= NATURE_CNN_MIN_SIDE else "minatar_cnn"
                 encoders[name] = make_encoder(image, shape)
+            elif vectors == "joint":
+                joint[name] = shape
             else:
                 encoders[name] = MLPEncoder(shape, hidden_sizes, activation)
-        # a list in the entries' order: any string names an entry ("type", "agent.pos"), and
+        # lists in the entries' order: any string names an entry ("type", "agent.pos"), and
         # a module's children cannot have every name
-        self.names = list(encoders)
+        self.names = list(space.spaces)
+        self._own = list(encoders)
         self.entries = nn.ModuleList(encoders.values())
+        self._joint = joint
+        width = sum(int(np.prod(s, dtype=np.int64)) for s in joint.values())
+        self.vectors = MLPEncoder((width,), hidden_sizes, activation) if joint else None
         self.out_features = sum(int(e.out_features) for e in encoders.values())
+        self.out_features += self.vectors.out_features if self.vectors is not None else 0
         self._register_load_state_dict_pre_hook(self._entries_by_index)
 
     def entry(self, name: str) -> nn.Module:
-        """The encoder of entry ``name``."""
-        return self.entries[self.names.index(name)]
+        """The encoder that reads entry ``name`` (the joint MLP for a vector)."""
+        if name in self._joint:
+            return self.vectors
+        return self.entries[self._own.index(name)]
 
     def _entries_by_index(self, state_dict: dict, prefix: str, *_args: Any) -> None:
         """Checkpoints of an earlier version keyed an entry's encoder by the entry's name
         (``entries.<name>.*``); it is the entry's index now (``entries.<i>.*``)."""
-        for i, name in enumerate(self.names):
+        for i, name in enumerate(self._own):
             old = f"{prefix}entries.{name}."
             for key in [k for k in state_dict if k.startswith(old)]:
                 state_dict[f"{prefix}entries.{i}.{key[len(old) :]}"] = state_dict.pop(key)
@@ -394,7 +407,13 @@ class DictEncoder(nn.Module):
                 encoder.use_channels_last()
 
     def forward(self, obs: Mapping[str, Tensor]) -> Tensor:
-        parts = [encoder(obs[name]) for name, encoder in zip(self.names, self.entries, strict=True)]
+        parts = [encoder(obs[name]) for name, encoder in zip(self._own, self.entries, strict=True)]
+        if self.vectors is not None:
+            flat = []
+            for name, shape in self._joint.items():
+                x = obs[name]
+                flat.append(x.reshape(*x.shape[: x.ndim - len(shape)], -1).to(torch.float32))
+            parts.append(self.vectors(torch.cat(flat, dim=-1)))
         return torch.cat([p.to(parts[0].dtype) for p in parts], dim=-1)
 
 
@@ -406,6 +425,7 @@ def make_encoder(
     observation_space: gymnasium.Space | None = None,
     kwargs: Mapping[str, Any] | None = None,
     field: str = "model.encoder",
+    dict_vectors: str = "joint",
 ) -> nn.Module:
     """An encoder with an ``out_features`` attribute: ``mlp``, ``nature_cnn``,
     ``impala_resnet``, ``minatar_cnn``, or ``package.module:Class`` (an
@@ -416,7 +436,7 @@ def make_encoder(
             raise ValueError(f"encoder {kind!r} is built from an observation space; none given")
         return ImportedEncoder(kind, observation_space, kwargs, field)
     if isinstance(observation_space, gymnasium.spaces.Dict):
-        return DictEncoder(observation_space, kind, hidden_sizes, activation)
+        return DictEncoder(observation_space, kind, hidden_sizes, activation, dict_vectors)
     if kind == "mlp":
         return MLPEncoder(obs_shape, hidden_sizes, activation)
     if kind == "nature_cnn":
