@@ -351,7 +351,9 @@ def test_training_goes_on_when_a_node_dies(tmp_path, monkeypatch, two_node_clust
             f"runner.ray_address={cluster.address}",
             "runner.ray_num_cpus_per_actor=0.5",
             f"runner.ray_resources_per_actor.{SLOT}=1",
-            "runner.max_actor_restarts=3",
+            # a restart that Ray places on the dying node before it is declared dead is
+            # cancelled there, and counts as another death of that actor
+            "runner.max_actor_restarts=6",
             "algorithm.num_actors=3",
             "algorithm.epoch_length=10",
             "max_env_steps=10000000",
@@ -368,9 +370,9 @@ def test_training_goes_on_when_a_node_dies(tmp_path, monkeypatch, two_node_clust
     assert summary["stopped_because"] == "max_env_steps", summary
     assert len(state["after_kill"]) >= 20
     actors = created[0]
-    assert actors.restarts == 2 and actors.lost >= 1
+    assert 2 <= actors.restarts <= 6 and actors.lost >= 1
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert sum(row.get("actor_restarts", 0) for row in rows) == 2
+    assert sum(row.get("actor_restarts", 0) for row in rows) == actors.restarts
     assert sum(row.get("lost_rollouts", 0) for row in rows) == actors.lost
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     assert not ray.is_initialized()
