@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from impala_rl import checkpoint
+from impala_rl.nn.actor_critic import EARLIER_NAMES
 
 RUNS = {
     "cartpole": ("cartpole", ["max_env_steps=6000"]),
@@ -37,18 +38,8 @@ RUNS = {
 }
 
 
-EARLIER = {
-    "policy_torso.": "policies.0.torso.",
-    "value_torso.": "critics.0.torso.",
-    "policy_head.": "policies.0.action_head.",
-    "action_head.": "policies.0.action_head.",
-    "value_head.": "critics.0.head.",
-    "obs_norm.": "obs_norms.0.",
-}
-
-
 def todays_name(name: str) -> str:
-    for old, new in EARLIER.items():
+    for old, new in EARLIER_NAMES.items():
         if name.startswith(old):
             return new + name[len(old) :]
     return name

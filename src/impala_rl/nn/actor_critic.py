@@ -515,6 +515,17 @@ def _upgrade_state_dict(model: ActorCritic, state_dict: dict, prefix: str, *_arg
             state_dict[renamed[old]] = value
 
 
+EARLIER_NAMES = {
+    "policy_torso.": "policies.0.torso.",
+    "value_torso.": "critics.0.torso.",
+    "policy_head.": "policies.0.action_head.",
+    "action_head.": "policies.0.action_head.",
+    "value_head.": "critics.0.head.",
+    "obs_norm.": "obs_norms.0.",
+}
+"""A plain env's parameter prefixes before one class served every env, and today's."""
+
+
 def upgraded_names(model: ActorCritic, names: list[str], prefix: str) -> list[str | None]:
     """Today's name of each of a saved state dict's ``names`` (``None``: not kept).
 
@@ -524,14 +535,6 @@ def upgraded_names(model: ActorCritic, names: list[str], prefix: str) -> list[st
     ``critics.0.head`` and ``obs_norms.0``. A critic that reads its policy's torso was saved
     with a copy of it under ``critics.<k>.torso``, dropped here.
     """
-    plain = {
-        "policy_torso.": "policies.0.torso.",
-        "value_torso.": "critics.0.torso.",
-        "policy_head.": "policies.0.action_head.",
-        "action_head.": "policies.0.action_head.",
-        "value_head.": "critics.0.head.",
-        "obs_norm.": "obs_norms.0.",
-    }
     borrowed = {f"critics.{c}.torso." for c in model.critic_keys if model._critic(c).torso is None}
     out: list[str | None] = []
     for name in names:
@@ -539,7 +542,7 @@ def upgraded_names(model: ActorCritic, names: list[str], prefix: str) -> list[st
         if rest is None:
             out.append(name)
             continue
-        for old, new in plain.items():
+        for old, new in EARLIER_NAMES.items():
             if rest.startswith(old):
                 rest = new + rest[len(old) :]
                 break
