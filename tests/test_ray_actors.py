@@ -351,9 +351,10 @@ def test_training_goes_on_when_a_node_dies(tmp_path, monkeypatch, two_node_clust
             f"runner.ray_address={cluster.address}",
             "runner.ray_num_cpus_per_actor=0.5",
             f"runner.ray_resources_per_actor.{SLOT}=1",
-            # a restart that Ray places on the dying node before it is declared dead is
-            # cancelled there, and counts as another death of that actor
-            "runner.max_actor_restarts=6",
+            # a restart that Ray places on the dying node before it is declared dead (a few
+            # seconds) dies there at once, and counts as another death of that actor: under
+            # load a burst of them
+            "runner.max_actor_restarts=100",
             "algorithm.num_actors=3",
             "algorithm.epoch_length=10",
             "max_env_steps=10000000",
@@ -370,7 +371,7 @@ def test_training_goes_on_when_a_node_dies(tmp_path, monkeypatch, two_node_clust
     assert summary["stopped_because"] == "max_env_steps", summary
     assert len(state["after_kill"]) >= 20
     actors = created[0]
-    assert 2 <= actors.restarts <= 6 and actors.lost >= 1
+    assert 2 <= actors.restarts <= 100 and actors.lost >= 1
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sum(row.get("actor_restarts", 0) for row in rows) == actors.restarts
     assert sum(row.get("lost_rollouts", 0) for row in rows) == actors.lost
