@@ -467,20 +467,21 @@ def user_file_keys(preset: str | Path | None) -> set[str]:
         if not isinstance(layer, DictConfig):
             break
         base = layer.pop("base", None)
-        keys |= _dotted_keys(OmegaConf.to_container(layer))  # type: ignore[arg-type]
+        keys |= set(flat_dict(OmegaConf.to_container(layer)))  # type: ignore[arg-type]
         name = None if base is None else str(base)
     return keys
 
 
-def _dotted_keys(tree: dict, prefix: str = "") -> set[str]:
-    """``section.key`` of every leaf of a nested dict (a dict under ``env.kwargs`` key by key)."""
-    keys: set[str] = set()
+def flat_dict(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"section.key": value}`` for every leaf of a nested dict (an empty dict is a leaf; a
+    dict under ``env.kwargs`` goes key by key)."""
+    out: dict[str, Any] = {}
     for key, value in tree.items():
         if isinstance(value, dict) and value:
-            keys |= _dotted_keys(value, f"{prefix}{key}.")
+            out.update(flat_dict(value, f"{prefix}{key}."))
         else:
-            keys.add(f"{prefix}{key}")
-    return keys
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _preset_path(preset: str) -> Path:

@@ -35,6 +35,7 @@ import numpy as np
 
 from impala_rl.config import RunConfig, check_rules, load_config, merge_config, user_file_keys
 from impala_rl.envs import EnvFactory
+from impala_rl.envs.spaces import image_layout
 from impala_rl.envs.structured import is_structured
 from impala_rl.sizing import size_to_machine
 
@@ -118,12 +119,12 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
     if isinstance(obs, gym.spaces.Dict):
         entries = obs.spaces.values()
         vectors = any(_is_vector(e) for e in entries)
-        images = [e for e in entries if _is_image(e)]
+        images = [e for e in entries if _is_model_image(e)]
         what = "Dict observations (an encoder per entry"
         what += ", a CNN per image" if images else ""
         model = {} if vectors else {"normalize_obs": False}
         return f"{actions}, {what})", model
-    if not _is_image(obs):
+    if not _is_model_image(obs):
         return f"{actions}, vector observations", {}
     c, h, w = obs.shape
     encoder = "nature_cnn" if min(h, w) >= NATURE_CNN_MIN_SIDE else "minatar_cnn"
@@ -131,8 +132,9 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
     return f"{actions}, image observations [{c}, {h}, {w}]", model
 
 
-def _is_image(space: Any) -> bool:
-    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+def _is_model_image(space: Any) -> bool:
+    """An image as the model takes it, ``uint8 [C, H, W]`` (the probe observes in that form)."""
+    return image_layout(space) == "chw"
 
 
 def _is_vector(space: Any) -> bool:

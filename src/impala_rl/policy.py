@@ -52,9 +52,9 @@ def check_resumable(saved: RunConfig, cfg: RunConfig, overrides: list[str]) -> N
     env (``env.id``, ``env.frame_stack``) or another model (``model.*`` but
     :data:`RESUMABLE_MODEL_KEYS`). An ``env.kwargs`` override that changes the env's spaces is
     refused when the weights are loaded."""
-    from impala_rl.config import ConfigError
+    from impala_rl.config import ConfigError, flat_dict
 
-    old, new = _flat(to_dict(saved)), _flat(to_dict(cfg))
+    old, new = flat_dict(to_dict(saved)), flat_dict(to_dict(cfg))
     for item in overrides:
         key = item.split("=", 1)[0].strip().lstrip("+")
         fixed = key in ("env.id", "env.frame_stack")
@@ -67,16 +67,6 @@ def check_resumable(saved: RunConfig, cfg: RunConfig, overrides: list[str]) -> N
                 f"{old.get(key, 'another value')!r}, and its saved weights fit only that env "
                 "and model; resume without this override or start a new run"
             )
-
-
-def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 class Policy:

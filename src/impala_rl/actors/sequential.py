@@ -17,9 +17,8 @@ class SequentialDistributedActors(DistributedActors):
 
     Each :meth:`collect_outputs` runs the next ``actors_batch_size`` actors (round-robin) for
     one unroll each, writing straight into column blocks of one batch buffer. The actors act
-    only there, so a broadcast is kept and the latest one loaded when they next act (a batch
-    of several optimizer steps broadcasts after each, and only its last would be used), with
-    its version: policy lag is always 0.
+    only there (``acts_between_batches``: the learner sends a batch's last weights alone), so
+    weights loaded at once are loaded between unrolls, and policy lag is always 0.
     """
 
     acts_between_batches = True
@@ -43,7 +42,6 @@ class SequentialDistributedActors(DistributedActors):
         spec = self.spec(observation_space)
         self._batch = dataclasses.replace(spec, N=spec.N * cfg.actors_batch_size).allocate()
         self._next_actor = 0
-        self._pending: dict[str, torch.Tensor] | None = None
 
     def stop(self) -> None:
         for actor in getattr(self, "actors", []):
@@ -54,19 +52,11 @@ class SequentialDistributedActors(DistributedActors):
         self, state_dict: dict[str, torch.Tensor], version: int | None = None
     ) -> None:
         self.policy_version = self.policy_version + 1 if version is None else version
-        self._pending = state_dict
-
-    def _load_pending(self) -> None:
-        """The latest broadcast into every actor, before they act."""
-        if self._pending is None:
-            return
-        cpu_state = {k: v.detach().to("cpu") for k, v in self._pending.items()}
+        cpu_state = {k: v.detach().to("cpu") for k, v in state_dict.items()}
         for actor in self.actors:
             actor.load_policy(cpu_state, self.policy_version)
-        self._pending = None
 
     def collect_outputs(self, learner_device: torch.device | str) -> CollectedOutputs:
-        self._load_pending()
         n = self._batch["policy_version"].shape[0] // self.cfg.actors_batch_size
         env_steps = 0
         for b in range(self.cfg.actors_batch_size):

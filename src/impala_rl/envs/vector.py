@@ -114,8 +114,7 @@ class NativeVectorEnv:
     def __init__(self, envs: Any):
         self.envs = envs
         self.num_envs = envs.num_envs
-        mode = getattr(envs, "metadata", {}).get("autoreset_mode")
-        self.reset_here = mode in (AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED)
+        self.reset_here = _resets_later(envs)
         self._convert = ObservationConverter(envs.single_observation_space)
         self.single_observation_space = self._convert.space
         self.single_action_space = envs.single_action_space
@@ -124,9 +123,8 @@ class NativeVectorEnv:
     def needed(envs: Any) -> bool:
         """Whether ``envs`` resets on another step than the one that ends an episode, or
         observes in another form than the model's."""
-        mode = getattr(envs, "metadata", {}).get("autoreset_mode")
-        other_step = mode in (AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED)
-        return other_step or not ObservationConverter(envs.single_observation_space).identity
+        identity = ObservationConverter(envs.single_observation_space).identity
+        return _resets_later(envs) or not identity
 
     def _model_form(self, obs: Any) -> Any:
         if self._convert.identity:
@@ -158,6 +156,13 @@ class NativeVectorEnv:
 
     def close(self) -> None:
         self.envs.close()
+
+
+def _resets_later(envs: Any) -> bool:
+    """Whether a vector env resets an ended episode on a later step than the one that ends it
+    (Gymnasium's ``NEXT_STEP``, its default) or never (``DISABLED``)."""
+    mode = getattr(envs, "metadata", {}).get("autoreset_mode")
+    return mode in (AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED)
 
 
 def _row(obs: Any, i: int, copy: bool = False) -> Any:
