@@ -56,3 +56,13 @@ def make_crashing_env(
     if crash_instance is None or index == crash_instance:
         return CrashAfter(env, crash_after, message)
     return env
+
+
+def make_env_dying_at_start(parent_pid: int) -> gym.Env:
+    """CartPole, but a process other than ``parent_pid`` (an actor) exits as it builds it: an
+    actor that dies before it comes up, at every restart."""
+    import os
+
+    if os.getpid() != parent_pid:
+        os._exit(3)
+    return gym.make("CartPole-v1")

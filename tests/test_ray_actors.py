@@ -227,17 +227,16 @@ SLOT = "impala_test_slot"
 
 
 class TwoNodeCluster:
-    def __init__(self) -> None:
+    def __init__(self, auth_mode: str) -> None:
         # Short paths: Ray's unix sockets live under the temp dir.
         self.root = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
         self.sessions: dict[str, int] = {}
         self.env = {
             **os.environ,
             "RAY_USAGE_STATS_ENABLED": "0",
-            # Ray 2.60 turns token auth on for a head where ~/.ray/auth_token exists (a local
-            # ray.init of an earlier test writes it) but not for the worker joining it: one
-            # mode for every process of this cluster
-            "RAY_AUTH_MODE": "disabled",
+            # one token-auth mode for every process of this cluster and for the test's own
+            # (see two_node_cluster)
+            "RAY_AUTH_MODE": auth_mode,
             # notice a dead node within a few seconds (default: tens of seconds)
             "RAY_health_check_initial_delay_ms": "1000",
             "RAY_health_check_period_ms": "500",
@@ -303,8 +302,15 @@ class TwoNodeCluster:
 
 
 @pytest.fixture
-def two_node_cluster():
-    cluster = TwoNodeCluster()
+def two_node_cluster(monkeypatch):
+    # Ray 2.60 picks token auth per process: a head turns it on where ~/.ray/auth_token exists
+    # but a worker joining it does not, and a local ray.init (an earlier test's) sets
+    # RAY_AUTH_MODE=token in this process for good. A process of the other mode is refused
+    # ("Missing authorization header"), and the actors it creates die at once. So the cluster
+    # takes this process's mode, and a process without one takes "disabled".
+    auth_mode = os.environ.get("RAY_AUTH_MODE") or "disabled"
+    monkeypatch.setenv("RAY_AUTH_MODE", auth_mode)
+    cluster = TwoNodeCluster(auth_mode)
     try:
         cluster.start()
         yield cluster
@@ -314,9 +320,6 @@ def two_node_cluster():
         cluster.stop()
 
 
-# Out of `make test` until mended: alone it passes, but after the rest of the suite the
-# restarted actors kept dying until 100 restarts were spent (two full runs in a row).
-@pytest.mark.slow
 @time_limit(300)
 def test_training_goes_on_when_a_node_dies(tmp_path, monkeypatch, two_node_cluster):
     cluster = two_node_cluster
@@ -355,9 +358,8 @@ def test_training_goes_on_when_a_node_dies(tmp_path, monkeypatch, two_node_clust
             "runner.ray_num_cpus_per_actor=0.5",
             f"runner.ray_resources_per_actor.{SLOT}=1",
             # a restart that Ray places on the dying node before it is declared dead (a few
-            # seconds) dies there at once, and counts as another death of that actor: under
-            # load a burst of them
-            "runner.max_actor_restarts=100",
+            # seconds) dies there at once and counts as another restart (backed off)
+            "runner.max_actor_restarts=20",
             "algorithm.num_actors=3",
             "algorithm.epoch_length=10",
             "max_env_steps=10000000",
@@ -374,7 +376,7 @@ def test_training_goes_on_when_a_node_dies(tmp_path, monkeypatch, two_node_clust
     assert summary["stopped_because"] == "max_env_steps", summary
     assert len(state["after_kill"]) >= 20
     actors = created[0]
-    assert 2 <= actors.restarts <= 100 and actors.lost >= 1
+    assert 2 <= actors.restarts <= 20 and actors.lost >= 1
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sum(row.get("actor_restarts", 0) for row in rows) == actors.restarts
     assert sum(row.get("lost_rollouts", 0) for row in rows) == actors.lost

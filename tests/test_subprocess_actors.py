@@ -236,6 +236,8 @@ def test_each_kill_is_one_restart_and_no_replacement_is_killed(caplog):
         actors.collect_outputs("cpu")
         for k in range(kills):
             actor = actors.actors[k % 2]
+            # a running actor (one killed as it starts would be restarted after a back-off)
+            wait_until(lambda actor=actor: actor.up, 30, f"actor {k % 2} to come up")
             os.kill(actor.process.pid, signal.SIGKILL)
             wait_until(lambda k=k: actors.restarts >= k + 1, 10, f"restart {k + 1}")
             actors.collect_outputs("cpu")
@@ -247,6 +249,40 @@ def test_each_kill_is_one_restart_and_no_replacement_is_killed(caplog):
         assert actor_pids(actors) == replacements and all(map(pid_alive, replacements))
         deaths = [r for r in caplog.records if "died (exit code -9)" in r.getMessage()]
         assert len(deaths) == kills
+
+
+def test_an_actor_dying_before_it_comes_up_is_restarted_with_a_back_off(caplog):
+    """An actor that dies at every start (an env that crashes as it is built; under Ray, a
+    restart placed on a dying node) would spend the restart budget at once: each death in a
+    row before the actor came up doubles the wait before the next restart."""
+    from impala_rl.actors.supervisor import RESTART_BACKOFF_S
+
+    actors = make_actors(
+        "subprocess",
+        env_id="fault_envs:make_env_dying_at_start",
+        env_kwargs={"parent_pid": os.getpid()},
+        max_actor_restarts=3,
+        num_actors=1,
+        actors_batch_size=1,
+    )
+    with caplog.at_level("WARNING", logger="impala_rl.actors.supervisor"):
+        actors.start()
+        try:
+            with pytest.raises(ActorError, match=r"restart limit runner\.max_actor_restarts=3"):
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    actors.collect_outputs("cpu")
+        finally:
+            actors.stop()
+    deaths = [r for r in caplog.records if "died" in r.getMessage()]
+    delays = [RESTART_BACKOFF_S * 2**k for k in range(3)]
+    assert len(deaths) == 3, [r.getMessage() for r in deaths]
+    for record, delay in zip(deaths, delays, strict=True):
+        assert f"restarting it in {delay:g} s" in record.getMessage()
+    # each restart waited its back-off: the next death comes no sooner
+    for before, after, delay in zip(deaths, deaths[1:], delays[:2], strict=True):
+        assert after.created - before.created >= delay
+    assert actors.restarts == 3
 
 
 def test_unpicklable_env_factory_is_named():

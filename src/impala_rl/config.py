@@ -346,7 +346,8 @@ class RunnerConfig:
     learner process has no threads yet)."""
     max_actor_restarts: int = 3
     """Actors that die (processes, Ray actors, or all Ray actors of a lost node) are restarted
-    up to this many times in a run, then training stops with an error."""
+    up to this many times in a run, then training stops with an error. One that dies again
+    before it came up is restarted after a back-off (0.5 s, doubling, at most 30 s)."""
     learner_threads: int | None = None
     """Torch intra-op threads of the learner process (``null``: the cores not used by actor
     processes, at least 1). Small models learn fastest with 1."""

@@ -50,7 +50,15 @@ import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 from impala_rl.actors.base import ActorError, actor_seed
 from impala_rl.actors.inference import CentralActing, InferenceProcess, allocate_requests
 from impala_rl.actors.rollout_queue import Rollout
-from impala_rl.actors.supervisor import DEATH, ERROR, ROLLOUT, Actor, ActorEvent, ActorSupervisor
+from impala_rl.actors.supervisor import (
+    DEATH,
+    ERROR,
+    READY,
+    ROLLOUT,
+    Actor,
+    ActorEvent,
+    ActorSupervisor,
+)
 from impala_rl.rollout import ActorLoop, RolloutSpec
 
 log = logging.getLogger(__name__)
@@ -164,6 +172,7 @@ def _actor_main(
         loop = ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index, acting)
         if acting is None:
             loop.policy_version = weights.read_into(loop.model, -1)
+        conn.send(("ready",))  # its envs and policy are built: it came up
         while True:
             msg = conn.recv()
             if msg is None:
@@ -375,6 +384,9 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
                 except (EOFError, OSError):
                     yield ActorEvent(actor, generation, DEATH)
                     continue
+                if msg[0] == "ready":
+                    yield ActorEvent(actor, generation, READY)
+                    continue
                 if msg[0] == "error":
                     _, index, summary, text = msg
                     error = ActorError(f"actor {index} failed: {summary}\n{text}")
@@ -387,7 +399,8 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
                 yield ActorEvent(actor, generation, DEATH)
 
     def _accept(self, actor: _Actor, event: ActorEvent[int]) -> bool:
-        actor.slot = None
+        if event.kind == ROLLOUT:
+            actor.slot = None
         return True
 
     def _bury(self, actor: _Actor, cause: str) -> str:

@@ -13,7 +13,11 @@ The supervisor
   finished rollout goes into the :class:`impala_rl.actors.rollout_queue.RolloutQueue` (whose
   bound decides whether its actor gets new work), an error ends collection with an
   :class:`ActorError` naming the actor, a death frees what the actor held and restarts it, up
-  to ``runner.max_actor_restarts`` restarts in all.
+  to ``runner.max_actor_restarts`` restarts in all. An actor that dies again before it came up
+  (no rollout, no ready signal) is restarted after a back-off that doubles with each such death
+  (``RESTART_BACKOFF_S``, at most ``MAX_RESTART_BACKOFF_S``): a restart that Ray places on a
+  node that is dying but not yet declared dead, or an env that crashes at start, would
+  otherwise spend the whole restart budget in a fraction of a second.
 - Between rounds it assembles the next batch while the learner updates (prefetch).
   ``max_policy_lag`` holds at hand-out, where the learner measures it: a batch prefetched during
   an update is handed out after that update's broadcast, so the prefetch drops (and counts) the
@@ -44,6 +48,8 @@ from impala_rl.actors.rollout_queue import Rollout, RolloutQueue
 from impala_rl.rollout import RolloutSpec, UnrollResult, column_block
 
 POLL_S = 0.05
+RESTART_BACKOFF_S = 0.5
+MAX_RESTART_BACKOFF_S = 30.0
 log = logging.getLogger(__name__)
 
 P = TypeVar("P")  # where a finished rollout's data is: a slot index, arrays, ...
@@ -56,6 +62,9 @@ class Actor:
         self.index = index
         self.starts = 0  # (re)starts so far: an event of an earlier start is out of date
         self.delivered = 0  # rollouts delivered since the last (re)start
+        self.up = False  # ready or delivered since the last (re)start
+        self.deaths_before_up = 0  # deaths in a row before it came up: the restart back-off
+        self.restart_due: float | None = None  # monotonic time of a backed-off restart
 
 
 A = TypeVar("A", bound=Actor)
@@ -201,6 +210,8 @@ class ActorSupervisor(DistributedActors, Generic[A, P]):
             seed = actor_seed(self.seed + 7919 * actor.starts, actor.index)
         self._spawn(actor, seed)
         actor.delivered = 0
+        actor.up = False
+        actor.restart_due = None
         actor.starts += 1
         self._resume(actor)
 
@@ -234,6 +245,7 @@ class ActorSupervisor(DistributedActors, Generic[A, P]):
                 with self._lock:
                     if self._stopping:
                         return
+                    self._start_due_restarts()
                     waitables = self._waitables()
                 for event in self._events(waitables, POLL_S):
                     with self._lock:
@@ -256,13 +268,15 @@ class ActorSupervisor(DistributedActors, Generic[A, P]):
             self._error = self._error or self._failure(actor) or event.error
         elif not self._accept(actor, event):
             return
-        elif event.kind == READY:
-            self._resume(actor)
         else:
-            assert event.rollout is not None
-            actor.delivered += 1
-            if self.queue.put(actor.index, event.rollout):
+            actor.up, actor.deaths_before_up = True, 0
+            if event.kind == READY:
                 self._resume(actor)
+            else:
+                assert event.rollout is not None
+                actor.delivered += 1
+                if self.queue.put(actor.index, event.rollout):
+                    self._resume(actor)
         self._lock.notify_all()
 
     def _on_death(self, actor: A, cause: str) -> None:
@@ -274,23 +288,50 @@ class ActorSupervisor(DistributedActors, Generic[A, P]):
         self._error = self._failure(actor)  # e.g. its answers are lost with its server
         if self._error is not None:
             return
-        if self.restarts >= self.max_restarts:
+        pending = sum(a.restart_due is not None for a in self.actors)
+        if self.restarts + pending >= self.max_restarts:
             self._error = ActorError(
                 f"actor {actor.index} died ({cause}) and the restart limit "
                 f"runner.max_actor_restarts={self.max_restarts} is reached"
                 + self._death_hint(actor)
             )
             return
+        delay = self._restart_delay(actor)
         log.warning(
-            "actor %d died (%s); restarting it (%d of runner.max_actor_restarts=%d)",
+            "actor %d died (%s); restarting it%s (%d of runner.max_actor_restarts=%d)",
             actor.index,
             cause,
-            self.restarts + 1,
+            f" in {delay:g} s ({actor.deaths_before_up} deaths in a row before it came up)"
+            if delay
+            else "",
+            self.restarts + pending + 1,
             self.max_restarts,
         )
+        if delay:
+            actor.restart_due = time.monotonic() + delay
+        else:
+            self._restart(actor)
+
+    def _restart(self, actor: A) -> None:
         self._start_actor(actor)
         self.restarts += 1  # counted once the new actor runs
         self.events.actor_restarts(1)
+
+    @staticmethod
+    def _restart_delay(actor: Actor) -> float:
+        """Seconds to wait before restarting ``actor``, which just died: none if it had come
+        up, else a back-off that doubles with each death in a row before it came up."""
+        actor.deaths_before_up = 0 if actor.up else actor.deaths_before_up + 1
+        if not actor.deaths_before_up:
+            return 0.0
+        return min(RESTART_BACKOFF_S * 2 ** (actor.deaths_before_up - 1), MAX_RESTART_BACKOFF_S)
+
+    def _start_due_restarts(self) -> None:
+        """Under the lock: start the backed-off restarts whose time has come."""
+        now = time.monotonic()
+        for actor in self.actors:
+            if actor.restart_due is not None and now >= actor.restart_due:
+                self._restart(actor)
 
     def _drop_stale(self, handout_version: int) -> None:
         """Drop rollouts more than ``max_policy_lag`` behind ``handout_version``; free them."""
