@@ -3,6 +3,7 @@ exploit, the best config, and a study on a local Ray cluster."""
 
 from __future__ import annotations
 
+import csv
 import json
 import signal
 import subprocess
@@ -181,6 +182,28 @@ def test_a_rerun_with_other_settings_is_refused(tmp_path):
         _tune(study_dir, 1), env=_env(), capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2 and "holds a study with other settings" in proc.stderr
+
+
+def test_a_failed_trial_says_why_and_the_study_goes_on(tmp_path):
+    """A value the config's own rules take but a run refuses at start (a minibatch count that
+    does not divide the batch's columns) fails its trial with the run's error, on the console
+    and in trials.csv; the other trials run."""
+    study_dir = tmp_path / "study"
+    command = [
+        sys.executable, "-m", "impala_rl.cli", "tune", "cartpole", *TRIAL,
+        "algorithm.num_actors=1", "algorithm.envs_per_actor=4", "algorithm.actors_batch_size=1",
+        "--space=algorithm.num_minibatches=choice(3, 4)", "--no-prune",
+        "--trials", "4", "--steps", "1920", "--study-dir", str(study_dir),
+    ]  # fmt: skip
+    proc = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with (study_dir / "trials.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    failed = [r for r in rows if r["state"] == "fail"]
+    assert failed and all(r["algorithm.num_minibatches"] == "3" for r in failed), rows
+    assert all("algorithm.num_minibatches" in r["error"] for r in failed)
+    assert any(r["state"] == "complete" and not r["error"] for r in rows)
+    assert "a divisor of the batch's 4 columns" in proc.stderr
 
 
 # -- population-based training ------------------------------------------------------------------

@@ -232,11 +232,16 @@ class _Progress:
         best = self._best(optuna_study)
         if self._progress is not None:
             self._progress.update(self._task, completed=done, best=best)
+            if trial.user_attrs.get("error"):
+                self._progress.console.print(
+                    f"trial {trial.number} failed: {trial.user_attrs['error']}"
+                )
         else:
             value = "-" if trial.value is None else f"{trial.value:.4g}"
+            error = trial.user_attrs.get("error")
             print(
                 f"trial {trial.number} {trial.state.name.lower()} {value}; "
-                f"{done}/{self.total} finished; {best}",
+                f"{done}/{self.total} finished; {best}" + (f"\n  {error}" if error else ""),
                 file=sys.stderr,
                 flush=True,
             )

@@ -16,7 +16,7 @@ from impala_rl.tune.space import Param, overrides_of
 
 def trial_rows(study: Any, space: list[Param], maximize: bool = True) -> list[dict[str, Any]]:
     """One row per trial, best first (trials without a value last): number, state, value,
-    each parameter's value, the run directory."""
+    each parameter's value, the run directory, and why a failed trial failed."""
     rows = []
     for t in study.get_trials(deepcopy=False):
         row: dict[str, Any] = {"trial": t.number, "state": t.state.name.lower(), "value": t.value}
@@ -24,6 +24,7 @@ def trial_rows(study: Any, space: list[Param], maximize: bool = True) -> list[di
             raw = t.params.get(p.key)
             row[p.key] = p.choices[raw] if p.kind == "choice" and raw is not None else raw
         row["run_dir"] = t.user_attrs.get("run_dir", "")
+        row["error"] = t.user_attrs.get("error", "")
         rows.append(row)
 
     def rank(row: dict[str, Any]) -> float:
@@ -50,10 +51,11 @@ def rich_table(rows: list[dict[str, Any]], title: str, limit: int = 20) -> Any:
     table = Table(title=title, title_justify="left")
     if not rows:
         return table
-    for name in rows[0]:
+    names = [name for name in rows[0] if name != "error"]  # the console line says it
+    for name in names:
         table.add_column(name, justify="right" if name != "state" else "left")
     for row in rows[:limit]:
-        table.add_row(*(_cell(v) for v in row.values()))
+        table.add_row(*(_cell(row[name]) for name in names))
     return table
 
 
