@@ -23,8 +23,9 @@ def test_an_earlier_versions_run_acts_as_it_did(name, tmp_path):
     log-probability, entropy and value (to float32 rounding on another CPU)."""
     then, now = expected(name), play(copy_run(name, tmp_path))
     assert torch.equal(now["step_key"], then["step_key"])
-    assert torch.equal(now["action"], then["action"])
-    for field in ("log_prob", "entropy", "value"):
+    # a discrete action is an integer (any change is >= 1); a continuous one is a float32
+    # mean, rounded per CPU like the other figures
+    for field in ("action", "log_prob", "entropy", "value"):
         torch.testing.assert_close(now[field], then[field], rtol=1e-5, atol=1e-5)
 
 
