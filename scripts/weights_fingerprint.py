@@ -26,6 +26,8 @@ RUNS = {
     "cartpole": ("cartpole", ["max_env_steps=6000"]),
     "multistep_example": ("multistep_example", ["max_env_steps=6000"]),
     "tictactoe": ("tictactoe", ["max_env_steps=6000"]),
+    # an env of no family: the any_env preset (APPO's passes and minibatches, PopArt, a Dict)
+    "any-env-pointgoal": ("env.id=impala_rl.envs.samples:PointGoal", ["max_env_steps=3072"]),
     "cartpole-lstm": (
         "cartpole",
         [

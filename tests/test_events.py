@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from impala_rl import cli
+from impala_rl import learner as learner_module
 from impala_rl import trainer as trainer_mod
 from impala_rl import writers as writers_mod
 from impala_rl.actors import SequentialDistributedActors
@@ -357,31 +358,49 @@ def test_grad_norms_are_the_pre_clip_norms(monkeypatch, shared_torso):
         return math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
 
     seen: dict[str, float] = {}
-    original = torch.nn.utils.clip_grad_norm_
+    original = learner_module.clip_gradients
 
-    def recording_clip(parameters, max_norm_arg, *args, **kwargs):
-        parameters = list(parameters)
+    def recording_clip(params, max_norm_arg, total_norm):
         seen["policy"] = norm(model.policy_parameters())
         seen["critic"] = norm(model.critic_parameters())
         seen["all"] = norm(model.parameters())
-        result = original(parameters, max_norm_arg, *args, **kwargs)
-        seen["returned"] = float(result)
         seen["max_norm"] = max_norm_arg
-        return result
+        original(params, max_norm_arg, total_norm)
+        seen["after"] = norm(model.parameters())
 
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recording_clip)
+    monkeypatch.setattr(learner_module, "clip_gradients", recording_clip)
     stats = learner.update(batch)
     assert seen["max_norm"] == max_norm
-    assert stats.grad_norm == seen["returned"]
     assert stats.grad_norm == pytest.approx(seen["all"], rel=1e-5)
     assert stats.grad_norm > max_norm  # the pre-clip norm is reported...
-    assert norm(model.parameters()) == pytest.approx(max_norm, rel=1e-3)  # ...grads were clipped
+    assert seen["after"] == pytest.approx(max_norm, rel=1e-3)  # ...grads were clipped
     assert stats.policy_grad_norm[0] == pytest.approx(seen["policy"], rel=1e-5)
     assert stats.critic_grad_norm[0] == pytest.approx(seen["critic"], rel=1e-5)
     if not shared_torso:  # disjoint groups: their squares add up to the total
         assert math.hypot(stats.policy_grad_norm[0], stats.critic_grad_norm[0]) == pytest.approx(
             stats.grad_norm, rel=1e-5
         )
+
+
+def test_gradient_norms_and_clipping_equal_torchs_bit_for_bit():
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (3, 70, 5, 64)]
+    for p in params[:3]:  # the last has no gradient
+        p.grad = torch.randn_like(p) * 10
+    grads = [p.grad.clone() for p in params[:3]]
+    total, groups = learner_module.gradient_norms(params, {"g": {0: [0, 2], 1: [3]}})
+    assert torch.equal(total, torch.nn.utils.get_total_norm(grads))
+    assert torch.equal(groups["g"][0], torch.nn.utils.get_total_norm([grads[0], grads[2]]))
+    assert float(groups["g"][1]) == 0.0  # a group with no gradient
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in params[:3]]
+    for p, g in zip(theirs, grads, strict=True):
+        p.grad = g.clone()
+    torch_total = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    learner_module.clip_gradients(params, 1.0, total)
+    assert torch.equal(total, torch_total)
+    for ours, reference in zip(params[:3], theirs, strict=True):
+        assert torch.equal(ours.grad, reference.grad)
+    assert float(torch.nn.utils.get_total_norm([p.grad for p in params[:3]])) < 1.0 + 1e-5
 
 
 # -- reducers and grouping ------------------------------------------------------------------------

