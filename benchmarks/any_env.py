@@ -166,7 +166,34 @@ def run_one(name: str, lib: str, seed: int, out: Path, impala_args: list[str]) -
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise RuntimeError(f"{lib} on {name} seed {seed}: exit {proc.returncode}: {tail}")
     score = evaluate(name, lib, run_dir, episodes=spec.episodes)
-    return {"env": name, "lib": lib, "seed": seed, "wall_s": wall, "score": score}
+    return {
+        "env": name,
+        "lib": lib,
+        "seed": seed,
+        "wall_s": wall,
+        "score": score,
+        **provenance(),
+    }
+
+
+def provenance() -> dict[str, str]:
+    """Which machine and code a record comes from: wall times compare only within one
+    machine, and records carried over from another session keep saying where they ran."""
+    import platform
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in handle if "model name" in ln), cpu)
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {"cpu": cpu, "commit": commit}
 
 
 def evaluate(name: str, lib: str, run_dir: Path, episodes: int) -> float:

@@ -11,7 +11,8 @@ starts (a resume trains with the run's saved config). Then it writes:
 
 - ``OUT/seed<S>.json``: env steps and wall time (the trainer's, which a resume continues) at
   which the training return (mean of the last 100 training episodes) first reached each
-  ``--thresholds`` value (``null`` if it never did), the final training return, env steps,
+  ``--thresholds`` value (``null`` if it never did), the same for the evaluation mean and
+  ``--eval-thresholds``, the final training return, env steps,
   wall time and whole-run steps/s;
 - ``OUT/summary.json``: the per-seed records and the command that reproduces them;
 - ``OUT/learning.png``: the training return against env steps and against wall time, the
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 RETURN_KEY = "train_return_recent"
+EVAL_KEY = "eval_return/mean"  # the rollout evaluator's deterministic episodes
 # Budget runs: the preset's early stops would end seeds at different points of the budget.
 BUDGET_OVERRIDES = ["target_return=null", "algorithm.patience=0", "algorithm.n_epochs=0"]
 
@@ -145,16 +147,21 @@ def run_seed(preset: str, seed: int, steps: int, overrides: list[str], out: Path
         raise RuntimeError(f"seed {seed}: training exited with {code}; see {log}")
 
 
-def first_reaching(rows: list[dict], threshold: float) -> dict[str, float] | None:
-    """Env steps and wall time of the first epoch whose training return is >= threshold."""
+def first_reaching(
+    rows: list[dict], threshold: float, key: str = RETURN_KEY
+) -> dict[str, float] | None:
+    """Env steps and wall time of the first epoch whose ``key`` (the training return; or the
+    evaluation mean, ``EVAL_KEY``) is >= threshold."""
     for row in rows:
-        value = row.get(RETURN_KEY)
+        value = row.get(key)
         if isinstance(value, int | float) and value >= threshold:
             return {"env_steps": row["env_steps"], "wall_time_s": row["wall_time_s"]}
     return None
 
 
-def seed_record(run_dir: Path, seed: int, thresholds: list[float]) -> dict[str, Any]:
+def seed_record(
+    run_dir: Path, seed: int, thresholds: list[float], eval_thresholds: list[float] = ()
+) -> dict[str, Any]:
     """The per-seed JSON record (see the module docstring)."""
     from impala_rl.plot import load_metrics
 
@@ -169,6 +176,7 @@ def seed_record(run_dir: Path, seed: int, thresholds: list[float]) -> dict[str, 
         "final_return": summary["train_return_recent"],
         "best_eval_return": summary["best_eval_return"],
         "thresholds": {str(t): first_reaching(rows, t) for t in thresholds},
+        "eval_thresholds": {str(t): first_reaching(rows, t, EVAL_KEY) for t in eval_thresholds},
         "run_dir": str(run_dir),
     }
 
@@ -208,6 +216,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, required=True, help="env steps per seed")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--thresholds", type=float, nargs="*", default=[])
+    parser.add_argument(
+        "--eval-thresholds",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also record where the evaluation mean first reaches each value",
+    )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument(
         "--background", action="store_true", help="detach; progress goes to OUT/learning.log"
@@ -253,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     for seed in args.seeds:
         t0 = time.perf_counter()
         run_seed(args.preset, seed, args.steps, args.overrides, out)
-        record = seed_record(run_dir_of(out, seed), seed, thresholds)
+        record = seed_record(run_dir_of(out, seed), seed, thresholds, args.eval_thresholds)
         (out / f"seed{seed}.json").write_text(json.dumps(record, indent=2) + "\n")
         records.append(record)
         print(
