@@ -21,6 +21,11 @@ libraries (seed by seed), so a change in the machine's load falls on both.
     python benchmarks/any_env.py --out runs/any-env               # every env, seeds 0 1 2
     python benchmarks/any_env.py --envs gridworld catch --seeds 0 --out runs/any-env-try
     python benchmarks/any_env.py --table runs/any-env             # the table of what is done
+    python benchmarks/any_env.py --carry docs/data/any-env-results.json --out runs/any-env
+
+The records that made docs/results.md's table are kept in ``docs/data/any-env-results.json``;
+``--carry`` starts from them, so a later session runs only what is missing (a seed's two runs
+always come from one session: the time ratio is taken per seed).
 
 Envs marked ``tuned`` are those the no-preset defaults were chosen on; the others are held out.
 """
@@ -251,33 +256,37 @@ def save_results(out: Path, results: list[dict]) -> None:
 
 
 def table(results: list[dict]) -> str:
-    """Per env: median score and wall time of each library over seeds, and the ratios."""
+    """Per env: median score and wall time of each library over seeds, and the time ratio:
+    the median over seeds of each seed's impala-rl / SB3 wall time (a seed's two runs are
+    timed in one session on one machine; records carried over from other sessions may come
+    from other machines, see ``cpu``)."""
     rows = [
         "| env | kind | steps | seeds | impala-rl score | SB3 score | impala-rl s | SB3 s "
         "| time ratio |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     total = {"impala": 0.0, "sb3": 0.0}
+    cpus: set[str] = set()
     for name, spec in ENVS.items():
         by_lib = {
-            lib: [r for r in results if r["env"] == name and r["lib"] == lib]
+            lib: {r["seed"]: r for r in results if r["env"] == name and r["lib"] == lib}
             for lib in ("impala", "sb3")
         }
-        seeds = sorted({r["seed"] for r in by_lib["impala"]} & {r["seed"] for r in by_lib["sb3"]})
+        seeds = sorted(set(by_lib["impala"]) & set(by_lib["sb3"]))
         if not seeds:
             continue
         med = {
-            lib: {
-                key: statistics.median(r[key] for r in rs if r["seed"] in seeds)
-                for key in ("score", "wall_s")
-            }
+            lib: {key: statistics.median(rs[s][key] for s in seeds) for key in ("score", "wall_s")}
             for lib, rs in by_lib.items()
         }
+        ratio = statistics.median(
+            by_lib["impala"][s]["wall_s"] / by_lib["sb3"][s]["wall_s"] for s in seeds
+        )
         for lib in total:
-            total[lib] += sum(r["wall_s"] for r in by_lib[lib] if r["seed"] in seeds)
+            total[lib] += sum(by_lib[lib][s]["wall_s"] for s in seeds)
+            cpus.update(by_lib[lib][s].get("cpu", "?") for s in seeds)
         scores = {
-            lib: "/".join(f"{r['score']:.3g}" for r in sorted(rs, key=lambda r: r["seed"]))
-            for lib, rs in by_lib.items()
+            lib: "/".join(f"{rs[s]['score']:.3g}" for s in seeds) for lib, rs in by_lib.items()
         }
         mark = " (tuned)" if spec.tuned else " (held out)"
         rows.append(
@@ -285,12 +294,12 @@ def table(results: list[dict]) -> str:
             f"| **{med['impala']['score']:.3g}** ({scores['impala']}) "
             f"| **{med['sb3']['score']:.3g}** ({scores['sb3']}) "
             f"| {med['impala']['wall_s']:.0f} | {med['sb3']['wall_s']:.0f} "
-            f"| {med['impala']['wall_s'] / med['sb3']['wall_s']:.2f} |"
+            f"| {ratio:.2f} |"
         )
     if total["sb3"]:
         rows.append(
             f"\nAll runs' wall time: impala-rl {total['impala']:.0f} s, SB3 {total['sb3']:.0f} s, "
-            f"ratio {total['impala'] / total['sb3']:.2f}"
+            f"ratio {total['impala'] / total['sb3']:.2f}; CPU: {', '.join(sorted(cpus))}"
         )
     return "\n".join(rows)
 
@@ -304,6 +313,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--impala-args", nargs="*", default=[], help="extra key=value settings")
     parser.add_argument("--steps", type=int, help="every env's budget (a smoke test)")
     parser.add_argument("--table", type=Path, help="print the table of a finished OUT and exit")
+    parser.add_argument(
+        "--carry",
+        type=Path,
+        help="records of earlier sessions (docs/data/any-env-results.json) to add to OUT's "
+        "before running: what they hold is not run again",
+    )
     parser.add_argument(
         "--sb3-train", nargs=3, metavar=("ENV", "SEED", "DIR"), help=argparse.SUPPRESS
     )
@@ -323,6 +338,19 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "command.txt").write_text(" ".join([sys.executable, *sys.argv]) + "\n")
     results = load_results(args.out)
+    if args.carry:  # records kept in the repo by an earlier session
+        have = {(r["env"], r["lib"], r["seed"]) for r in results}
+        carried = json.loads(args.carry.read_text())
+        # whole pairs only: a seed's two runs are timed in one session
+        libs: dict[tuple[str, int], set[str]] = {}
+        for r in carried:
+            libs.setdefault((r["env"], r["seed"]), set()).add(r["lib"])
+        results += [
+            r
+            for r in carried
+            if (r["env"], r["lib"], r["seed"]) not in have and len(libs[r["env"], r["seed"]]) == 2
+        ]
+        save_results(args.out, results)
     done = {(r["env"], r["lib"], r["seed"]) for r in results}
     for name in args.envs:
         for seed in args.seeds:

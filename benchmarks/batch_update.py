@@ -5,6 +5,7 @@
         algorithm.actors_batch_size=4 algorithm.envs_per_actor=8
     PYTHONPATH=src python benchmarks/batch_update.py pong_appo --compile-torso
     PYTHONPATH=src python benchmarks/batch_update.py pong_appo --against model.precision=bf16
+    PYTHONPATH=src python benchmarks/batch_update.py env.id=impala_rl.envs.samples:GridWorld
 
 Builds the preset's model and learner for Atari frames (synthetic uint8 ``[4, 84, 84]``, 6
 actions; no env, no actors) and a batch of ``actors_batch_size * envs_per_actor`` columns of
@@ -31,11 +32,15 @@ import torch
 from learners import FRAME, N_ACTIONS, timed
 from precision import batch_for
 
+from impala_rl.actors import SequentialDistributedActors
 from impala_rl.actors.subprocess import SharedWeights
 from impala_rl.config import RunConfig, broadcasts_after, load_config
+from impala_rl.env_defaults import resolve_config
+from impala_rl.envs import make_env_factory
 from impala_rl.learner import Learner
 from impala_rl.malloc import keep_freed_memory
 from impala_rl.nn.factory import build_model
+from impala_rl.startup import learner_threads
 
 
 def learner_batch(
@@ -49,9 +54,20 @@ def learner_batch(
     the state dict keeps its keys), a candidate lever that training does not use yet."""
     alg = cfg.algorithm
     torch.manual_seed(0)
-    model = build_model(
-        cfg.model, gym.spaces.Box(0, 255, FRAME, np.uint8), gym.spaces.Discrete(N_ACTIONS)
-    )
+    if cfg.env.id:  # the env's own spaces and one batch of its steps
+        env_factory = make_env_factory(cfg.env)
+        probe = env_factory()
+        model = build_model(cfg.model, probe.observation_space, probe.action_space)
+        probe.close()
+        with SequentialDistributedActors(env_factory, model, alg, 0) as actors:
+            batch = actors.collect_outputs(device).batch
+    else:
+        model = build_model(
+            cfg.model, gym.spaces.Box(0, 255, FRAME, np.uint8), gym.spaces.Discrete(N_ACTIONS)
+        )
+        columns = alg.actors_batch_size * alg.envs_per_actor
+        batch = batch_for(alg.n_rollout_steps, columns, FRAME, N_ACTIONS)
+        batch = {k: v.to(device) for k, v in batch.items()}
     if compile_torso:
         torsos = {id(t): t for c in model.critic_keys for t in (model.critic_torso(c),)}
         torsos.update({id(net.torso): net.torso for net in model.policies.values()})
@@ -59,9 +75,6 @@ def learner_batch(
             torso.compile(dynamic=False)
     learner = Learner(model, alg, device)
     weights = SharedWeights(learner.model.state_dict())
-    columns = alg.actors_batch_size * alg.envs_per_actor
-    batch = batch_for(alg.n_rollout_steps, columns, FRAME, N_ACTIONS)
-    batch = {k: v.to(device) for k, v in batch.items()}
 
     def one_batch() -> None:
         taken = 0
@@ -94,13 +107,21 @@ def main() -> None:
         help="also time with these overrides added, batches alternating; print the ratio",
     )
     args = parser.parse_args()
-    cfg = load_config(args.preset, args.overrides)
+    env_id = args.preset.startswith("env.id=")  # the settings impala train env.id=ID chooses
+
+    def config(overrides: list[str]) -> RunConfig:
+        if env_id:
+            return resolve_config(None, [args.preset, *overrides])
+        return load_config(args.preset, overrides)
+
+    cfg = config(args.overrides)
     if cfg.runner.keep_freed_memory:  # as the trainer sets up its learner process
         keep_freed_memory()
+    torch.set_num_threads(learner_threads(cfg))
     device = torch.device(cfg.algorithm.device if cfg.algorithm.device != "auto" else "cpu")
     variants = {" ".join(args.overrides) or "as written": cfg}
     if args.against:
-        variants[" ".join(args.against)] = load_config(args.preset, args.overrides + args.against)
+        variants[" ".join(args.against)] = config(args.overrides + args.against)
     batches = {name: learner_batch(c, device, args.compile_torso) for name, c in variants.items()}
     for one_batch in batches.values():
         for _ in range(args.warmup):
