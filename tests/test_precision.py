@@ -11,6 +11,7 @@ from impala_rl.actors.subprocess import SharedWeights
 from impala_rl.config import ConfigError, ImpalaAlgorithmConfig, ModelConfig, load_config
 from impala_rl.learner import Learner
 from impala_rl.nn import ActorCritic
+from impala_rl.nn import core as core_module
 from impala_rl.nn.factory import build_model
 
 FRAMES = gym.spaces.Box(0, 255, (4, 36, 36), dtype=np.uint8)
@@ -84,15 +85,23 @@ def test_bf16_autocast_keeps_fp32_weights_and_outputs_close_to_fp32(space, core)
         assert state[0].dtype == state[1].dtype == torch.float32
 
 
-def test_bf16_runs_the_core_under_autocast():
-    _, bf16 = _pair(VECTOR, "lstm", precision="bf16")
+@pytest.mark.parametrize("cpu_has_bf16_lstm", [True, False])
+def test_bf16_runs_the_core_under_autocast_where_the_cpu_can(monkeypatch, cpu_has_bf16_lstm):
+    """Under bf16 autocast where the CPU's oneDNN has a bf16 LSTM, else in fp32 (an AVX2-only
+    CPU refuses the bf16 LSTM primitive); outputs float32 either way."""
+    if cpu_has_bf16_lstm and not core_module.bf16_lstm_supported("cpu"):
+        pytest.skip("this CPU has no bf16 LSTM kernels (oneDNN needs AVX-512)")
+    monkeypatch.setattr(core_module, "_cpu_has_bf16_lstm", lambda: cpu_has_bf16_lstm)
+    ref, bf16 = _pair(VECTOR, "lstm", precision="bf16")
     seen = []
     bf16.core.lstm.register_forward_hook(lambda module, args, out: seen.append(out[0].dtype))
     obs = _obs(VECTOR)
     with torch.no_grad():
-        _outputs(bf16, obs)
+        out = _outputs(bf16, obs)
         bf16.act(0, obs[0], None, None, bf16.initial_state(obs.shape[1]))
-    assert seen == [torch.bfloat16, torch.bfloat16]
+    expected = torch.bfloat16 if cpu_has_bf16_lstm else torch.float32
+    assert seen == [expected, expected]
+    assert all(x.dtype == torch.float32 for x in out if isinstance(x, torch.Tensor))
 
 
 def test_a_bf16_learner_update_trains_fp32_weights():

@@ -8,15 +8,35 @@ every other field.
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 from torch import Tensor, nn
 
 from impala_rl.config import CORES
 
-__all__ = ["CORES", "CoreState", "LSTMCore"]
+__all__ = ["CORES", "CoreState", "LSTMCore", "bf16_lstm_supported"]
+
+log = logging.getLogger(__name__)
 
 CoreState = tuple[Tensor, Tensor]
 """``(h, c)``, each ``[1, B, H]``."""
+
+
+@functools.cache
+def _cpu_has_bf16_lstm() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN
+        return False
+
+
+def bf16_lstm_supported(device: torch.device | str) -> bool:
+    """Whether an LSTM runs under bf16 autocast on ``device``: on a GPU, and on a CPU whose
+    oneDNN has bf16 kernels (AVX-512); on an AVX2-only CPU oneDNN refuses the bf16 LSTM
+    ("could not create a primitive descriptor")."""
+    return torch.device(device).type != "cpu" or _cpu_has_bf16_lstm()
 
 
 class LSTMCore(nn.Module):
@@ -26,6 +46,9 @@ class LSTMCore(nn.Module):
     The sequence is cut at the steps where any column starts an episode and each piece runs as
     one :class:`torch.nn.LSTM` call, which is exact (a reset only happens at a piece's first
     step) and much faster than a Python loop over every step.
+
+    ``precision="bf16"`` runs the core under bf16 autocast where :func:`bf16_lstm_supported`
+    (else in fp32, said once on the log: the rest of the model keeps bf16).
     """
 
     def __init__(self, in_features: int, hidden_size: int, precision: str = "fp32") -> None:
@@ -56,6 +79,10 @@ class LSTMCore(nn.Module):
         ``T - 1``, float32 whatever the precision."""
         if self.precision != "bf16":
             return self._run(x, first, state)
+        if not bf16_lstm_supported(x.device):
+            _say_fp32_core()
+            with torch.autocast(x.device.type, enabled=False):
+                return self._run(x.float(), first, state)
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
             y, (h, c) = self._run(x, first, state)
         return y.float(), (h.float(), c.float())
@@ -89,3 +116,11 @@ class LSTMCore(nn.Module):
             y, (h, c) = self.lstm(x[t0:t1], (h, c))
             outputs.append(y)
         return torch.cat(outputs, dim=0) if len(outputs) > 1 else outputs[0], (h, c)
+
+
+@functools.cache
+def _say_fp32_core() -> None:
+    log.warning(
+        "model.precision=bf16: this CPU has no bf16 LSTM kernels (oneDNN needs AVX-512), so "
+        "the LSTM core runs in fp32 here; the rest of the model runs in bf16"
+    )
