@@ -21,9 +21,9 @@ libraries (seed by seed), so a change in the machine's load falls on both.
     python benchmarks/any_env.py --out runs/any-env               # every env, seeds 0 1 2
     python benchmarks/any_env.py --envs gridworld catch --seeds 0 --out runs/any-env-try
     python benchmarks/any_env.py --table runs/any-env             # the table of what is done
-    python benchmarks/any_env.py --carry docs/data/any-env-results.json --out runs/any-env
+    python benchmarks/any_env.py --carry benchmarks/results/any_env.json --out runs/any-env
 
-The records that made docs/results.md's table are kept in ``docs/data/any-env-results.json``;
+The records that made docs/results.md's table are kept in ``benchmarks/results/any_env.json``;
 ``--carry`` starts from them, so a later session runs only what is missing (a seed's two runs
 always come from one session: the time ratio is taken per seed).
 
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--carry",
         type=Path,
-        help="records of earlier sessions (docs/data/any-env-results.json) to add to OUT's "
+        help="records of earlier sessions (benchmarks/results/any_env.json) to add to OUT's "
         "before running: what they hold is not run again",
     )
     parser.add_argument(

@@ -282,7 +282,8 @@ class ModelConfig:
     core) next to the torso's features; both are zero at an episode start."""
     precision: str = "fp32"
     """``fp32`` or ``bf16``: bf16 autocast for the torso and core when acting and learning
-    (weights, heads and losses stay float32)."""
+    (weights, heads and losses stay float32; the LSTM core stays fp32 on a CPU without
+    AVX-512, whose oneDNN has no bf16 LSTM)."""
     channels_last: bool = False
     """Channels-last memory format for the CNN encoders' convolutions (ignored by ``mlp``)."""
     shared_policy: bool = False
