@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -164,9 +165,11 @@ def run_one(name: str, lib: str, seed: int, out: Path, impala_args: list[str]) -
     else:
         command = [sys.executable, __file__, "--sb3-train", name, str(seed), str(run_dir)]
         command += ["--steps", str(spec.steps)]
+    load = os.getloadavg()[0]  # other work on the machine slows SB3's two threads the most
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    load = max(load, os.getloadavg()[0])
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise RuntimeError(f"{lib} on {name} seed {seed}: exit {proc.returncode}: {tail}")
@@ -177,6 +180,7 @@ def run_one(name: str, lib: str, seed: int, out: Path, impala_args: list[str]) -
         "seed": seed,
         "wall_s": wall,
         "score": score,
+        "load": round(load, 2),
         **provenance(),
     }
 
