@@ -185,17 +185,16 @@ def gradient_norms(
         return zero, {name: dict.fromkeys(by_key, zero) for name, by_key in groups.items()}
     norms = dict(zip(present, torch._foreach_norm([params[i].grad for i in present]), strict=True))
 
-    def total(indices: list[int] | range) -> torch.Tensor:
-        picked = [norms[i] for i in indices if i in norms]
+    def total(picked: list[torch.Tensor]) -> torch.Tensor:
         if not picked:
             return torch.zeros((), device=params[present[0]].device)
         return torch.linalg.vector_norm(torch.stack(picked))
 
     by_group = {
-        name: {key: total(indices) for key, indices in by_key.items()}
+        name: {key: total([norms[i] for i in ix if i in norms]) for key, ix in by_key.items()}
         for name, by_key in groups.items()
     }
-    return total(range(len(params))), by_group
+    return total(list(norms.values())), by_group
 
 
 def clip_gradients(
