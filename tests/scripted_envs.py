@@ -3,7 +3,8 @@
 ``ScriptedEnv`` ignores its actions: observation ``[step counter, episode id]`` (float32), reward
 ``reward`` per step. Episode ``e`` (counted from 0 per env instance) lasts
 ``episode_lengths[e % len(episode_lengths)]`` steps and then terminates; with ``terminate=False``
-it never ends by itself (use a ``TimeLimit`` to truncate it).
+it never ends by itself (use a ``TimeLimit`` to truncate it). ``step_sleep_s`` makes each
+step take at least that long (an env that is slow to simulate).
 
 Importable as ``scripted_envs:make_env`` for :class:`impala_rl.envs.EnvFactory` (pytest puts
 ``tests/`` on ``sys.path``).
@@ -11,6 +12,7 @@ Importable as ``scripted_envs:make_env`` for :class:`impala_rl.envs.EnvFactory` 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import gymnasium as gym
@@ -26,7 +28,9 @@ class ScriptedEnv(gym.Env):
         episode_lengths: Sequence[int] = (3,),
         terminate: bool = True,
         reward: float = 1.0,
+        step_sleep_s: float = 0.0,
     ):
+        self.step_sleep_s = float(step_sleep_s)
         self.episode_lengths = tuple(int(n) for n in episode_lengths)
         self.terminate = terminate
         self.reward = float(reward)
@@ -47,6 +51,8 @@ class ScriptedEnv(gym.Env):
     def step(self, action):
         if not self.action_space.contains(action):
             raise ValueError(f"invalid action {action!r}")
+        if self.step_sleep_s:
+            time.sleep(self.step_sleep_s)
         self.t += 1
         length = self.episode_lengths[self.episode % len(self.episode_lengths)]
         terminated = self.terminate and self.t >= length

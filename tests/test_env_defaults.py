@@ -4,6 +4,7 @@ and evaluation kept to a share of the wall time (``rollout_evaluator.max_time_sh
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import time
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ from impala_rl.env_defaults import (
     env_family,
     resolve_config,
     reward_threshold,
+    step_seconds,
 )
 from impala_rl.envs import EnvFactory
 from impala_rl.evaluation import EvaluationResult
@@ -172,6 +174,24 @@ def test_spaces_choose_the_encoder():
     codes = spaces.Dict({"image": atari, "door": spaces.Discrete(2)})  # nothing to normalize
     text, model = describe_spaces(_env_with(codes, spaces.Discrete(4)))
     assert "a CNN per image" in text and model == {"normalize_obs": False}
+
+
+def test_an_env_whose_step_is_slow_gets_each_env_in_its_own_process(caplog):
+    """A step of 2 ms (a physics simulator, a game engine): an actor's envs step at once, each
+    in its own process (``env.vector=async``); a step of microseconds keeps them in one; an
+    explicit setting wins."""
+    slow = ["env.id=scripted_envs:make_env", "env.kwargs.step_sleep_s=0.002"]
+    assert step_seconds(EnvFactory.of(resolve_config(None, slow).env)()) >= 0.002
+    assert resolve_config(None, slow).env.vector == "async"
+    assert resolve_config(None, ["env.id=scripted_envs:make_env"]).env.vector == "python"
+    assert resolve_config(None, [*slow, "env.vector=python"]).env.vector == "python"
+    given = resolve_config(None, [*slow, "runner.backend=subprocess"])  # actors in processes
+    assert given.env.vector == "python" and given.runner.backend == "subprocess"
+    with caplog.at_level(logging.INFO, logger="impala_rl.env_defaults"):
+        resolve_config(None, slow)
+    assert "sequential backend, each env in its own process (a step takes" in caplog.text
+    # a family preset keeps its own settings
+    assert resolve_config(None, ["env.id=CartPole-v1"]).env.vector == "python"
 
 
 def test_a_channels_last_pixel_env_gets_a_cnn_on_channels_first_frames():

@@ -36,7 +36,7 @@ CORES = ("none", "lstm")
 INITS = ("builtin", "orthogonal", "torch")
 PRECISIONS = ("fp32", "bf16")
 CRITIC_MODES = ("per_step_key", "shared")
-VECTOR_ENVS = ("auto", "python", "envpool")
+VECTOR_ENVS = ("auto", "python", "envpool", "async")
 POLICY_LOSSES = ("impala", "appo")
 ADV_MODES = ("official", "acme")  # vtrace.ADV_MODES
 
@@ -222,7 +222,10 @@ class EnvConfig:
     frames hide motion (CarRacing). Images stack as channels, vectors as one longer vector.
     ``1``: the observation alone."""
     vector: str = "python"
-    """How an actor steps its envs: ``python`` (one after the other), ``envpool`` (envpool's
+    """How an actor steps its envs: ``python`` (one after the other), ``async`` (each env in a
+    process of its own, stepped at once: Gymnasium's ``AsyncVectorEnv``; the same episodes as
+    ``python``, for envs whose step costs far more than passing it between processes, half a
+    millisecond or more; the sequential backend only), ``envpool`` (envpool's
     C++ vector env, classic control ids) or ``auto`` (times an actor's loop on both at
     start-up and takes the faster on this machine, for ids envpool has, when it is installed
     and ``kwargs`` is empty; else ``python``). The default stays ``python`` until envpool
@@ -911,6 +914,14 @@ def validate(cfg: RunConfig) -> None:
             f"actor with runner.backend={cfg.runner.backend} (central inference serves "
             "subprocess actors)",
             cfg.runner.inference,
+        )
+    if cfg.env.vector == "async" and cfg.runner.backend != "sequential":
+        _refuse(
+            "env.vector",
+            f"python, envpool or auto with runner.backend={cfg.runner.backend} (its actors "
+            "already step in processes of their own; async puts the sequential backend's envs "
+            "in processes)",
+            cfg.env.vector,
         )
     a = cfg.algorithm
     if cfg.runner.inference_servers > 1 and cfg.runner.inference != "central":

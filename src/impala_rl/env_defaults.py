@@ -19,7 +19,10 @@ observation normalization where there are vectors to normalize. On top, for ever
   ``null`` (no early stop), never another env's target;
 - for ``any_env``: evaluation in the background, at most ~10% of the wall time
   (``rollout_evaluator.max_time_share``), the final weights evaluated at the end;
-  ``patience: 0`` and a budget of 1M env steps (``max_env_steps`` overrides it).
+  ``patience: 0`` and a budget of 1M env steps (``max_env_steps`` overrides it); and where one
+  step of the env costs :data:`SLOW_STEP_S` or more (timed on the probe), ``env.vector=async``:
+  an actor's envs step at once, each in its own process, on every core (the same episodes,
+  the batches as on-policy as before).
 
 The user's ``key=value`` overrides go on top, so an explicit setting always wins.
 With neither a preset nor ``env.id`` the ``cartpole`` preset runs (CartPole-v1, tuned).
@@ -28,6 +31,7 @@ With neither a preset nor ``env.id`` the ``cartpole`` preset runs (CartPole-v1, 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -57,6 +61,10 @@ GENERIC_PRESET = "any_env"
 """What an env of no known family runs."""
 MAX_ENV_STEPS = 1_000_000
 EVAL_TIME_SHARE = 0.1
+SLOW_STEP_S = 5e-4
+"""A step this slow (half a millisecond; the ``any_env`` learner spends about as much per env
+step on a laptop core) puts each env in a process of its own (``env.vector=async``)."""
+STEP_TIMING_S = 0.25  # the probe steps this long, or 200 steps, whichever ends first
 NATURE_CNN_MIN_SIDE = 36  # 8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave >= 1 pixel
 
 
@@ -132,6 +140,25 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
     return f"{actions}, image observations [{c}, {h}, {w}]", model
 
 
+def step_seconds(env: Any, budget_s: float = STEP_TIMING_S, max_steps: int = 200) -> float:
+    """The mean wall time of one step of ``env`` (a plain env) under seeded random actions,
+    resets not counted; 0.0 for a structured env (its step takes each agent's turn)."""
+    if is_structured(env):
+        return 0.0
+    env.action_space.seed(0)
+    env.reset(seed=0)
+    spent, steps = 0.0, 0
+    while spent < budget_s and steps < max_steps:
+        action = env.action_space.sample()
+        start = time.perf_counter()
+        _, _, terminated, truncated, _ = env.step(action)
+        spent += time.perf_counter() - start
+        steps += 1
+        if terminated or truncated:
+            env.reset()
+    return spent / steps
+
+
 def _is_model_image(space: Any) -> bool:
     """An image as the model takes it, ``uint8 [C, H, W]`` (the probe observes in that form)."""
     return image_layout(space) == "chw"
@@ -157,6 +184,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     probe = EnvFactory.of(env_cfg, vector="python")()
     try:
         spaces, model = describe_spaces(probe)
+        step_s = step_seconds(probe) if family is None else 0.0
     finally:
         probe.close()
     threshold = reward_threshold(env_cfg.id)
@@ -170,6 +198,8 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
             "algorithm.rollout_evaluator.background=true",
             f"algorithm.rollout_evaluator.max_time_share={EVAL_TIME_SHARE}",
         ]
+        if step_s >= SLOW_STEP_S and not _overridden(overrides, "runner.backend"):
+            derived.append("env.vector=async")
     else:
         preset = family[0]
     cfg = load_config(preset, [*derived, *overrides])
@@ -197,10 +227,13 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     else:
         chosen = f"the {preset} preset ({family[1]} env{note})"
     reuse = f"{a.num_passes} passes x {a.num_minibatches} minibatches, " if a.num_passes > 1 else ""
+    backend = f"{cfg.runner.backend} backend"
+    if cfg.env.vector == "async" and step_s >= SLOW_STEP_S:
+        backend += f", each env in its own process (a step takes {step_s * 1e3:.1f} ms)"
     line = (
         f"{chosen} for {env_cfg.id} ({spaces}); {target}; {evaluation}; "
         f"{cfg.model.encoder} encoder, {a.policy_loss} loss, {reuse}lr {a.lr:g}, "
-        f"{cfg.runner.backend} backend, {a.num_actors} actors x {a.envs_per_actor} envs, "
+        f"{backend}, {a.num_actors} actors x {a.envs_per_actor} envs, "
         f"unroll {a.n_rollout_steps}, max_env_steps {cfg.max_env_steps}"
     )
     return cfg, line

@@ -22,6 +22,7 @@ observation keeps its structure, an entry each (:func:`~impala_rl.envs.spaces.di
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 import time
@@ -219,6 +220,8 @@ class EnvFactory:
         Gymnasium vector env that resets on the next step (its default) or observes in
         another form than the model's is adapted (:class:`~impala_rl.envs.vector.NativeVectorEnv`).
         """
+        if self.vector == "async":
+            return self._async_vector(num_envs)
         if self.frame_stack > 1:  # stacked by Gymnasium's wrapper, env by env
             return None
         if self.env_id.startswith(ALE_PREFIX):
@@ -247,6 +250,25 @@ class EnvFactory:
                 "valid: null (use the factory's own limit, e.g. env.kwargs.max_episode_frames)"
             )
         return envs
+
+    def _async_vector(self, num_envs: int) -> Any:
+        """``env.vector=async``: Gymnasium's ``AsyncVectorEnv`` of ``num_envs`` envs, each in a
+        process forked from the forkserver (which has torch and the actor loop imported),
+        same-step autoreset, observations in shared memory (overwritten by the next step, as
+        :class:`SameStepVectorEnv`'s). A structured env steps in turn (its agents' turns)."""
+        one = copy.copy(self)
+        one.vector = "python"
+        if one.structured is None:
+            probe = one()
+            probe.close()
+        if one.structured:
+            return None
+        return gym.vector.AsyncVectorEnv(
+            [one] * num_envs,
+            copy=False,
+            context="forkserver",
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
 
     def resolve_vector(
         self, num_envs: int, rate: Callable[[EnvFactory, float], float] | None = None

@@ -1,0 +1,95 @@
+"""``env.vector=async``: an actor's envs each in a process of their own, stepped at once
+(Gymnasium's ``AsyncVectorEnv``), for envs whose step is slow; the same episodes as ``python``."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+
+import gymnasium as gym
+import pytest
+import torch
+
+from impala_rl.config import ConfigError, load_config
+from impala_rl.envs import EnvFactory
+from impala_rl.nn import ActorCritic
+from impala_rl.rollout import ActorLoop, rollout_spec_for
+from test_cli import _cmd, _env
+
+ENV_ID = "scripted_envs:make_env"
+KWARGS = {"episode_lengths": [3, 5, 30], "terminate": True}  # the 30-step one is truncated
+
+
+def _rollouts(vector: str, n_unrolls: int = 3) -> list[dict[str, torch.Tensor]]:
+    factory = EnvFactory(ENV_ID, KWARGS, max_episode_steps=12, vector=vector)
+    probe = factory()
+    torch.manual_seed(0)
+    model = ActorCritic(probe.observation_space, probe.action_space, hidden_sizes=(16,))
+    probe.close()
+    loop = ActorLoop(factory, 3, model, seed=4, unroll_length=10)
+    slots = []
+    try:
+        if vector == "async":
+            assert isinstance(loop.envs, gym.vector.AsyncVectorEnv)
+        spec = rollout_spec_for(model, loop.envs.single_observation_space, 10, 3)
+        for _ in range(n_unrolls):
+            slot = spec.allocate()
+            loop.unroll(slot)
+            slots.append(slot)
+    finally:
+        loop.close()
+    return slots
+
+
+def test_async_envs_give_the_rollouts_of_envs_stepped_in_turn():
+    """Terminations, truncations (with their final observations' values), first flags and the
+    policy's samples: field for field what the one-process vector env gives."""
+    python, in_processes = _rollouts("python"), _rollouts("async")
+    for a, b in zip(python, in_processes, strict=True):
+        assert a.keys() == b.keys()
+        for name in a:
+            assert torch.equal(a[name], b[name]), name
+    truncated = torch.cat([s["truncated"] for s in python])
+    assert truncated.any() and torch.cat([s["terminated"] for s in python]).any()
+    assert not multiprocessing.active_children()  # closing the loop joined its env processes
+
+
+def test_async_is_refused_where_actors_have_processes_of_their_own():
+    with pytest.raises(ConfigError, match=r"'env.vector'.*runner.backend=subprocess"):
+        load_config("cartpole", ["env.vector=async", "runner.backend=subprocess"])
+    assert load_config("cartpole", ["env.vector=async"]).env.vector == "async"
+
+
+def test_a_slow_env_trains_with_its_envs_in_processes_and_leaves_none(tmp_path):
+    """``env.id=ID`` of an env whose step takes 2 ms: the console says each env runs in its
+    own process, training and evaluation run, and no process is left."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        _cmd(
+            "train",
+            f"env.id={ENV_ID}",
+            "env.kwargs.step_sleep_s=0.002",
+            "max_env_steps=2048",
+            "algorithm.num_passes=1",
+            "algorithm.num_minibatches=1",
+            "log.console=false",
+            "log.tensorboard=false",
+            "--run-dir",
+            str(run_dir),
+        ),
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["stopped_because"] == "max_env_steps"
+    assert summary["best_eval_return"] is not None
+    assert "each env in its own process (a step takes" in " ".join(proc.stderr.split())
+    leftover = subprocess.run(
+        ["pgrep", "-f", str(run_dir)], capture_output=True, text=True
+    ).stdout.split()
+    assert not leftover
