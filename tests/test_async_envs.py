@@ -15,7 +15,7 @@ from impala_rl.config import ConfigError, load_config
 from impala_rl.envs import EnvFactory
 from impala_rl.nn import ActorCritic
 from impala_rl.rollout import ActorLoop, rollout_spec_for
-from test_cli import _cmd, _env
+from test_cli import _impala
 
 ENV_ID = "scripted_envs:make_env"
 KWARGS = {"episode_lengths": [3, 5, 30], "terminate": True}  # the 30-step one is truncated
@@ -65,23 +65,18 @@ def test_a_slow_env_trains_with_its_envs_in_processes_and_leaves_none(tmp_path):
     """``env.id=ID`` of an env whose step takes 2 ms: the console says each env runs in its
     own process, training and evaluation run, and no process is left."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        _cmd(
-            "train",
-            f"env.id={ENV_ID}",
-            "env.kwargs.step_sleep_s=0.002",
-            "max_env_steps=2048",
-            "algorithm.num_passes=1",
-            "algorithm.num_minibatches=1",
-            "log.console=false",
-            "log.tensorboard=false",
-            "--run-dir",
-            str(run_dir),
-        ),
+    proc = _impala(
+        "train",
+        f"env.id={ENV_ID}",
+        "env.kwargs.step_sleep_s=0.002",
+        "max_env_steps=2048",
+        "algorithm.num_passes=1",
+        "algorithm.num_minibatches=1",
+        "log.console=false",
+        "log.tensorboard=false",
+        "--run-dir",
+        str(run_dir),
         cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
