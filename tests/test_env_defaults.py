@@ -194,6 +194,23 @@ def test_an_env_whose_step_is_slow_gets_each_env_in_its_own_process(caplog):
     assert resolve_config(None, ["env.id=CartPole-v1"]).env.vector == "python"
 
 
+def test_timing_a_step_does_not_fail_on_an_env_that_refuses_random_actions():
+    """An env whose step raises on some actions (masked moves) is timed as 0: the run starts
+    with its envs in one process and meets the env's error, if any, where training steps it."""
+
+    class Refusing(SimpleNamespace):
+        def reset(self, seed=None):
+            return np.zeros(2, np.float32), {}
+
+        def step(self, action):
+            raise ValueError("illegal move")
+
+    env = Refusing(
+        observation_space=spaces.Box(-1, 1, (2,), np.float32), action_space=spaces.Discrete(3)
+    )
+    assert step_seconds(env) == 0.0
+
+
 def test_a_channels_last_pixel_env_gets_a_cnn_on_channels_first_frames():
     cfg = resolve_config(None, ["env.id=impala_rl.envs.samples:Catch"])
     assert cfg.model.encoder == "nature_cnn" and cfg.model.shared_torso  # 40 x 40 frames

@@ -142,7 +142,8 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
 
 def step_seconds(env: Any, budget_s: float = STEP_TIMING_S, max_steps: int = 200) -> float:
     """The mean wall time of one step of ``env`` (a plain env) under seeded random actions,
-    resets not counted; 0.0 for a structured env (its step takes each agent's turn)."""
+    resets not counted; 0.0 for a structured env (its step takes each agent's turn) and for an
+    env that refuses a random action (one with masked actions): it then keeps one process."""
     if is_structured(env):
         return 0.0
     env.action_space.seed(0)
@@ -151,7 +152,10 @@ def step_seconds(env: Any, budget_s: float = STEP_TIMING_S, max_steps: int = 200
     while spent < budget_s and steps < max_steps:
         action = env.action_space.sample()
         start = time.perf_counter()
-        _, _, terminated, truncated, _ = env.step(action)
+        try:
+            _, _, terminated, truncated, _ = env.step(action)
+        except Exception:
+            return 0.0
         spent += time.perf_counter() - start
         steps += 1
         if terminated or truncated:
