@@ -191,6 +191,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         step_s = step_seconds(probe) if family is None else 0.0
     finally:
         probe.close()
+    slow = step_s >= SLOW_STEP_S and not _overridden(overrides, "runner.backend")
     threshold = reward_threshold(env_cfg.id)
     derived = [f"target_return={'null' if threshold is None else threshold}"]
     if family is None:  # a family preset has its network and schedule
@@ -202,7 +203,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
             "algorithm.rollout_evaluator.background=true",
             f"algorithm.rollout_evaluator.max_time_share={EVAL_TIME_SHARE}",
         ]
-        if step_s >= SLOW_STEP_S and not _overridden(overrides, "runner.backend"):
+        if slow:
             derived.append("env.vector=async")
     else:
         preset = family[0]
@@ -232,7 +233,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         chosen = f"the {preset} preset ({family[1]} env{note})"
     reuse = f"{a.num_passes} passes x {a.num_minibatches} minibatches, " if a.num_passes > 1 else ""
     backend = f"{cfg.runner.backend} backend"
-    if cfg.env.vector == "async" and step_s >= SLOW_STEP_S:
+    if slow and cfg.env.vector == "async":
         backend += f", each env in its own process (a step takes {step_s * 1e3:.1f} ms)"
     line = (
         f"{chosen} for {env_cfg.id} ({spaces}); {target}; {evaluation}; "

@@ -255,14 +255,12 @@ class EnvFactory:
         """``env.vector=async``: Gymnasium's ``AsyncVectorEnv`` of ``num_envs`` envs, each in a
         process forked from the forkserver (which has torch and the actor loop imported),
         same-step autoreset, observations in shared memory (overwritten by the next step, as
-        :class:`SameStepVectorEnv`'s). A structured env steps in turn (its agents' turns)."""
+        :class:`SameStepVectorEnv`'s). A structured env (known once one was built, which
+        :func:`make_keyed_vector_env` checks first) steps in turn (its agents' turns)."""
+        if self.structured:
+            return None
         one = copy.copy(self)
         one.vector = "python"
-        if one.structured is None:
-            probe = one()
-            probe.close()
-        if one.structured:
-            return None
         return gym.vector.AsyncVectorEnv(
             [one] * num_envs,
             copy=False,
