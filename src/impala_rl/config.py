@@ -38,6 +38,7 @@ PRECISIONS = ("fp32", "bf16")
 CRITIC_MODES = ("per_step_key", "shared")
 VECTOR_ENVS = ("auto", "python", "envpool", "async")
 POLICY_LOSSES = ("impala", "appo")
+MINIBATCH_OF = ("columns", "steps")
 ADV_MODES = ("official", "acme")  # vtrace.ADV_MODES
 
 
@@ -179,7 +180,15 @@ class ImpalaAlgorithmConfig:
     """Minibatches per pass: each pass splits the batch's columns (shuffled) into this many
     blocks, one optimizer step (and broadcast) each, so a batch takes ``num_passes *
     num_minibatches`` steps. It must divide the batch's columns (``actors_batch_size *
-    envs_per_actor`` times the env's agents); V-trace runs along time within each column."""
+    envs_per_actor`` times the env's agents); V-trace runs along time within each column.
+    With ``minibatch_of=steps`` it must divide the batch's decisions (its columns times
+    ``n_rollout_steps``)."""
+    minibatch_of: str = "columns"
+    """What a minibatch draws from a batch: ``columns`` (whole columns, V-trace run on each
+    minibatch with the weights of its step) or ``steps`` (single decisions drawn from the whole
+    batch, as PPO's minibatches; V-trace's targets and advantages computed once per pass over
+    the whole batch with that pass's first weights). ``steps`` decorrelates a minibatch's
+    samples; it needs a model without a core (an LSTM trains on sequences)."""
     policy_loss: str = "impala"
     """``impala``: the policy gradient on V-trace advantages against the current weights.
     ``appo``: APPO / IMPACT (Luo et al. 2020): a target network (a copy of the model, not
@@ -716,6 +725,7 @@ RULES: dict[str, Rule] = {
     "algorithm.num_passes": at_least(1, integer=True),
     "algorithm.num_learners": at_least(1, integer=True),
     "algorithm.num_minibatches": at_least(1, integer=True),
+    "algorithm.minibatch_of": one_of(MINIBATCH_OF),
     "algorithm.policy_loss": one_of(POLICY_LOSSES),
     "algorithm.clip_param": above(0),
     "algorithm.target_update_frequency": at_least(1, integer=True, nullable=True),
@@ -836,9 +846,20 @@ def handout_lag_bound(a: ImpalaAlgorithmConfig) -> int | None:
     return None if a.max_policy_lag is None else a.max_policy_lag - (steps_per_batch(a) - 1)
 
 
-def check_num_minibatches(a: ImpalaAlgorithmConfig, columns: int) -> None:
-    """Refuse a ``num_minibatches`` that does not divide a batch's ``columns``."""
-    if columns % a.num_minibatches:
+def check_num_minibatches(a: ImpalaAlgorithmConfig, columns: int, rows: int | None = None) -> None:
+    """Refuse a ``num_minibatches`` that does not divide a batch's ``columns`` (its decisions,
+    ``columns`` times ``rows`` (``n_rollout_steps``) each, with ``minibatch_of=steps``)."""
+    if a.minibatch_of == "steps":
+        decisions = columns * (a.n_rollout_steps if rows is None else rows)
+        if decisions % a.num_minibatches:
+            _refuse(
+                "algorithm.num_minibatches",
+                f"a divisor of the batch's {decisions} decisions "
+                "(actors_batch_size * envs_per_actor * the env's agents * n_rollout_steps) "
+                "with minibatch_of=steps",
+                a.num_minibatches,
+            )
+    elif columns % a.num_minibatches:
         _refuse(
             "algorithm.num_minibatches",
             f"a divisor of the batch's {columns} columns (actors_batch_size * envs_per_actor "
@@ -994,6 +1015,12 @@ def validate(cfg: RunConfig) -> None:
             "model.normalize_obs",
             f"false for model.encoder={m.encoder} ({reason})",
             m.normalize_obs,
+        )
+    if m.core != "none" and a.minibatch_of == "steps":
+        _refuse(
+            "algorithm.minibatch_of",
+            f"columns when model.core={m.core} (the core trains on whole sequences)",
+            a.minibatch_of,
         )
     if m.core != "none" and not m.shared_torso:
         _refuse(

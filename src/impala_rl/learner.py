@@ -27,6 +27,8 @@ from impala_rl.nn import Model
 from impala_rl.nn.observations import Obs, map_obs, read_obs
 from impala_rl.rollout import columns
 
+STEP_TARGETS = "vs"  # the field that marks a block of decisions with its targets (step_blocks)
+
 
 class NonFiniteError(FloatingPointError):
     """A NaN or Inf in the observations, the loss or the gradients: training cannot go on."""
@@ -449,6 +451,11 @@ class Learner:
             "policy_grad_norm": {k: indices(model.policy_parameters(k)) for k in model.step_keys},
             "critic_grad_norm": {c: indices(model.critic_parameters(c)) for c in model.critic_keys},
         }
+        if cfg.minibatch_of == "steps" and model.core is not None:
+            raise ValueError(
+                "algorithm.minibatch_of=steps needs a model without a core (the LSTM core "
+                "trains on whole sequences); use minibatch_of=columns"
+            )
         self.target_model: Model | None = None  # appo: the policy the surrogate clips against
         if cfg.policy_loss == "appo":
             self.target_model = copy.deepcopy(self.model).requires_grad_(False)
@@ -470,7 +477,9 @@ class Learner:
         """Optimizer steps between target moves (``null`` in the config: once per batch)."""
         return self.cfg.target_update_frequency or steps_per_batch(self.cfg)
 
-    def minibatches(self, batch: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
+    def minibatches(
+        self, batch: dict[str, torch.Tensor], fresh: bool = False
+    ) -> Iterator[dict[str, torch.Tensor]]:
         """One pass over ``batch``: ``num_minibatches`` blocks of its columns, each column in
         exactly one (shuffled by the global torch generator); the batch itself for one.
 
@@ -478,11 +487,16 @@ class Learner:
         carries ``target_log_prob`` ``[T+1, b]``, the target's log-probs of its actions,
         computed over the whole batch once while the target stands, so the passes over a
         batch share one forward pass of the target instead of one per optimizer step.
+
+        ``minibatch_of=steps``: blocks of single decisions instead (:meth:`step_blocks`);
+        ``fresh``: the batch's first pass, whose observations join the normalization
+        statistics here, before its targets are computed.
         """
+        if self.cfg.minibatch_of == "steps":
+            yield from self.step_blocks(batch, fresh)
+            return
         n = self.cfg.num_minibatches
-        shared = self.target_model is not None and (
-            self.target_update_frequency >= steps_per_batch(self.cfg)
-        )
+        shared = self._target_stands()
         if n == 1:
             yield {**batch, "target_log_prob": self._target_log_prob(batch)} if shared else batch
             return
@@ -494,6 +508,54 @@ class Learner:
             if shared:  # looked up at each block: the target may have moved since the last
                 block["target_log_prob"] = self._target_log_prob(batch).index_select(1, idx)
             yield block
+
+    def step_blocks(
+        self, batch: dict[str, torch.Tensor], fresh: bool = False
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """One pass over ``batch`` in ``num_minibatches`` blocks of its ``T * B`` decisions,
+        each decision in exactly one (shuffled by the global torch generator), as PPO's
+        minibatches.
+
+        V-trace's targets and policy-gradient advantages are computed once, over the whole
+        batch's columns with the weights the pass starts from (no gradient), and travel with
+        each decision: a block is ``[1, n]`` rows with ``vs``, ``pg_advantage`` and
+        ``rho`` beside its fields (no bootstrap row), and :meth:`update` trains on it
+        without running V-trace again. The importance weights are the target's (appo) or
+        the pass's first weights' (impala) over the behaviour policy's.
+        """
+        if fresh:
+            update_observation_statistics(self.model, batch, self.group)
+        T, B = batch["behaviour_log_prob"].shape
+        with torch.no_grad():
+            out = forward_batch(self.model, batch)
+            target_log_prob = None if self.target_model is None else self._target_log_prob(batch)
+            vt = self._targets(batch, out, target_log_prob)
+        rows = {
+            name: value[:T].reshape(1, T * B, *value.shape[2:])
+            for name, value in batch.items()
+            if value.ndim >= 2 and name not in ("core_h", "core_c")
+        }
+        per_column = [name for name, value in batch.items() if value.ndim == 1]
+        for name in per_column:  # policy_version, ...: one entry per decision
+            rows[name] = batch[name].expand(T, B).reshape(1, T * B)
+        rows["vs"] = vt.vs.reshape(1, T * B)
+        rows["pg_advantage"] = vt.pg_advantages.reshape(1, T * B)
+        rows["rho"] = vt.rhos.reshape(1, T * B)
+        if target_log_prob is not None and self._target_stands():
+            rows["target_log_prob"] = target_log_prob[:T].reshape(1, T * B)
+        n = self.cfg.num_minibatches
+        check_num_minibatches(self.cfg, B, T)
+        order = torch.randperm(T * B).to(batch["first"].device)
+        for idx in order.view(n, T * B // n):
+            block = {name: value.index_select(1, idx) for name, value in rows.items()}
+            yield {name: block[name][0] if name in per_column else block[name] for name in block}
+
+    def _target_stands(self) -> bool:
+        """appo: whether the target stays put for a whole batch (it moves at most once per
+        batch), so its log-probs can be computed once per batch."""
+        return self.target_model is not None and (
+            self.target_update_frequency >= steps_per_batch(self.cfg)
+        )
 
     def _target_log_prob(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The target's ``log pi_target(a_t|x_t)`` ``[T+1, B]`` of ``batch``, computed once
@@ -549,7 +611,7 @@ class Learner:
         """
         t0 = time.perf_counter()
         _check_observations(batch)
-        if fresh:
+        if fresh and STEP_TARGETS not in batch:  # a step block's pass updated them
             update_observation_statistics(self.model, batch, self.group)
         if not self.model.training:  # once: a recursive walk over the modules per step
             self.model.train()
@@ -616,8 +678,14 @@ class Learner:
         target_log_prob = self._target_policy(batch)
         if marks is not None:
             marks.append(time.perf_counter())
-        vt = self._targets(batch, out, target_log_prob)
-        rows_of, critic_rows = self._key_rows(batch)
+        if STEP_TARGETS in batch:  # a block of decisions (step_blocks): targets came with it
+            decided = slice(None)
+            vs, rhos = batch[STEP_TARGETS], batch["rho"]
+            vt = vtrace.VTraceReturns(vs, batch["pg_advantage"], rhos, rhos)
+        else:  # columns of decisions and their bootstrap row
+            decided = slice(0, -1)
+            vt = self._targets(batch, out, target_log_prob)
+        rows_of, critic_rows = self._key_rows(batch, decided)
         pg_advantages, value_loss_scale, popart_old = self._popart_step(vt, critic_rows)
         if self.cfg.normalize_advantages:
             pg_advantages = losses.normalize_advantages(pg_advantages)
@@ -631,13 +699,14 @@ class Learner:
             train_policy,
             target_log_prob,
             entropy_coef,
+            decided,
         )
         if marks is not None:
             marks.append(time.perf_counter())
         norms = self._backward(total, popart_old, pg_loss, value_loss, zero_grad)
         rho_bar = self.cfg.vtrace_clip_rho_threshold
         rhos = {k: _rows(vt.rhos, rows_of[k]) for k in pg_loss}
-        values = out.value[:-1].detach()
+        values = out.value[decided].detach()
         return _pack(
             {
                 "total": {0: total},
@@ -700,12 +769,12 @@ class Learner:
         )
 
     def _key_rows(
-        self, batch: dict[str, torch.Tensor]
+        self, batch: dict[str, torch.Tensor], decided: slice = slice(0, -1)
     ) -> tuple[dict[int, torch.Tensor | None], dict[int, torch.Tensor | None]]:
         """The rows ``[T, B]`` each step key decides and each critic values (``None``: every
-        row, one key)."""
+        row, one key); ``decided``: the batch's decision rows (all of a step block's)."""
         model = self.model
-        keys = batch["step_key"][:-1] if "step_key" in batch else None
+        keys = batch["step_key"][decided] if "step_key" in batch else None
         rows_of: dict[int, torch.Tensor | None] = {}
         for k in model.step_keys:
             rows_of[k] = None if keys is None else keys == k
@@ -748,13 +817,15 @@ class Learner:
         train_policy: bool,
         target_log_prob: torch.Tensor | None = None,
         entropy_coef: float | torch.Tensor = 0.0,
+        decided: slice = slice(0, -1),
     ) -> tuple[dict, dict, dict, torch.Tensor]:
         """The policy-gradient (impala) or clipped-surrogate (appo, against
         ``target_log_prob``) and entropy losses per step key and the value loss per critic,
-        each a mean over its rows, and their weighted sum (``entropy_coef`` is a 0-d tensor in
-        a captured update)."""
+        each a mean over its rows (``decided`` of the outputs), and their weighted sum
+        (``entropy_coef`` is a 0-d tensor in a captured update)."""
         cfg = self.cfg
-        log_prob, entropy, values = out.log_prob[:-1], out.entropy[:-1], out.value[:-1]
+        log_prob, entropy = out.log_prob[decided], out.entropy[decided]
+        values = out.value[decided]
         pg_loss, ent_loss, value_loss = {}, {}, {}
         for k, rows in rows_of.items():
             if rows is None or bool(rows.any()):
@@ -764,7 +835,7 @@ class Learner:
                     )
                 else:
                     pg_loss[k] = losses.clipped_surrogate_loss(
-                        _rows(log_prob - target_log_prob[:-1], rows),
+                        _rows(log_prob - target_log_prob[decided], rows),
                         _rows(pg_advantages, rows),
                         cfg.clip_param,
                     )

@@ -445,14 +445,14 @@ class Trainer:
         t_collected = time.perf_counter()
         with self._one_step():
             passes: list[UpdateStats] = []
-            # Sample reuse: each pass (of num_minibatches column blocks, one optimizer step
-            # each) recomputes V-trace against the current weights. Every broadcast_every-th
-            # step and the batch's last are broadcast, stamped with the optimizer steps so
-            # far, so versions (and policy lag) keep counting optimizer steps; actors that act
-            # only between batches get the last alone.
+            # Sample reuse: each pass (of num_minibatches blocks of columns or of decisions,
+            # one optimizer step each) recomputes V-trace against the current weights. Every
+            # broadcast_every-th step and the batch's last are broadcast, stamped with the
+            # optimizer steps so far, so versions (and policy lag) keep counting optimizer
+            # steps; actors that act only between batches get the last alone.
             steps = steps_per_batch(cfg.algorithm)
             for n in range(cfg.algorithm.num_passes):
-                for block in self.learner.minibatches(collected.batch):
+                for block in self.learner.minibatches(collected.batch, fresh=n == 0):
                     passes.append(
                         self.learner.update(block, train_policy=train_policy, fresh=n == 0)
                     )
