@@ -206,3 +206,19 @@ def test_cartpole_learns_with_step_minibatches(tmp_path):
     rows = [json.loads(x) for x in (Path(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     curve = [(row["env_steps"], row.get("train_return_recent")) for row in rows]
     assert any(r is not None and r >= 195 for _, r in curve), f"never 195 in {budget}: {curve}"
+
+
+def test_a_presets_step_minibatches_give_way_to_a_core_the_user_asks_for(tmp_path):
+    """``impala train minigrid model.core=lstm`` (MiniGrid's memory rooms) runs the preset's
+    reuse on whole columns; ``steps`` given by the user beside a core is refused."""
+    assert load_config("minigrid").algorithm.minibatch_of == "steps"
+    cfg = load_config("minigrid", ["model.core=lstm"])
+    assert cfg.algorithm.minibatch_of == "columns"
+    with pytest.raises(ConfigError, match=r"algorithm\.minibatch_of"):
+        load_config("minigrid", ["model.core=lstm", "algorithm.minibatch_of=steps"])
+    mine = tmp_path / "memory.yaml"
+    mine.write_text("base: minigrid\nmodel:\n  core: lstm\n")
+    assert load_config(mine).algorithm.minibatch_of == "columns"
+    mine.write_text("base: minigrid\nmodel:\n  core: lstm\nalgorithm:\n  minibatch_of: steps\n")
+    with pytest.raises(ConfigError, match=r"algorithm\.minibatch_of"):
+        load_config(mine)

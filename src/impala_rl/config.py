@@ -188,7 +188,8 @@ class ImpalaAlgorithmConfig:
     minibatch with the weights of its step) or ``steps`` (single decisions drawn from the whole
     batch, as PPO's minibatches; V-trace's targets and advantages computed once per pass over
     the whole batch with that pass's first weights). ``steps`` decorrelates a minibatch's
-    samples; it needs a model without a core (an LSTM trains on sequences)."""
+    samples; it needs a model without a core (an LSTM trains on sequences): a preset's
+    ``steps`` gives way to ``columns`` when the user sets ``model.core``."""
     policy_loss: str = "impala"
     """``impala``: the policy gradient on V-trace advantages against the current weights.
     ``appo``: APPO / IMPACT (Luo et al. 2020): a target network (a copy of the model, not
@@ -588,7 +589,24 @@ def merge_config(
         cfg: RunConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from None
+    given = {hint for _, hint in layers if hint is not None} | user_file_keys(preset)
+    if base is not None:
+        given |= {f"algorithm.{k}" for k in OmegaConf.create(base).get("algorithm", None) or {}}
+    _preset_yields_to_core(cfg, given)
     return cfg
+
+
+def _preset_yields_to_core(cfg: RunConfig, given: set[str]) -> None:
+    """A preset's minibatches of single decisions (``minibatch_of=steps``) give way to a core
+    the user asks for (``impala train minigrid model.core=lstm``): the LSTM trains on whole
+    columns. Set by the user together with a core, ``steps`` is refused by :func:`validate`."""
+    a = cfg.algorithm
+    if (
+        cfg.model.core != "none"
+        and a.minibatch_of == "steps"
+        and "algorithm.minibatch_of" not in given
+    ):
+        a.minibatch_of = "columns"
 
 
 def config_from_dict(data: dict) -> RunConfig:

@@ -231,7 +231,10 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         chosen = f"no preset of its family: the {preset} preset"
     else:
         chosen = f"the {preset} preset ({family[1]} env{note})"
-    reuse = f"{a.num_passes} passes x {a.num_minibatches} minibatches, " if a.num_passes > 1 else ""
+    of = " of single decisions" if a.minibatch_of == "steps" else ""
+    reuse = (
+        f"{a.num_passes} passes x {a.num_minibatches} minibatches{of}, " if a.num_passes > 1 else ""
+    )
     backend = f"{cfg.runner.backend} backend"
     if slow and cfg.env.vector == "async":
         backend += f", each env in its own process (a step takes {step_s * 1e3:.1f} ms)"
