@@ -538,7 +538,7 @@ class Learner:
         per_column = [name for name, value in batch.items() if value.ndim == 1]
         for name in per_column:  # policy_version, ...: one entry per decision
             rows[name] = batch[name].expand(T, B).reshape(1, T * B)
-        rows["vs"] = vt.vs.reshape(1, T * B)
+        rows[STEP_TARGETS] = vt.vs.reshape(1, T * B)
         rows["pg_advantage"] = vt.pg_advantages.reshape(1, T * B)
         rows["rho"] = vt.rhos.reshape(1, T * B)
         if target_log_prob is not None and self._target_stands():
