@@ -14,10 +14,12 @@ import torch
 import impala_rl
 from impala_rl import losses, vtrace
 from impala_rl.config import ConfigError, ImpalaAlgorithmConfig, ModelConfig, load_config
+from impala_rl.envs import EnvFactory
 from impala_rl.learner import STEP_TARGETS, Learner, forward_batch
 from impala_rl.nn.factory import build_model
+from impala_rl.rollout import ActorLoop, rollout_spec_for
 from impala_rl.trainer import Trainer
-from test_appo import _batch, _model, _params
+from test_appo import _batch, _model
 
 STEPS = {"minibatch_of": "steps"}
 
@@ -115,19 +117,41 @@ def test_an_update_on_a_step_block_is_the_clipped_surrogate_and_value_loss_of_it
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-7)
 
 
+def _pendulum_batch() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """A continuous-action model with observation normalization and PopArt, and its unroll."""
+    torch.manual_seed(0)
+    factory = EnvFactory("Pendulum-v1", {}, max_episode_steps=20)
+    env = factory()
+    cfg = ModelConfig(hidden_sizes=[16], normalize_obs=True, popart=True)
+    model = build_model(cfg, env.observation_space, env.action_space)
+    spec = rollout_spec_for(model, env.observation_space, 8, 4)
+    env.close()
+    loop = ActorLoop(factory, 4, copy.deepcopy(model), seed=0, unroll_length=8)
+    slot = spec.allocate()
+    loop.unroll(slot)
+    loop.close()
+    return model, slot
+
+
 @pytest.mark.parametrize("policy_loss", ["impala", "appo"])
-def test_one_block_of_every_decision_takes_the_same_step_as_the_whole_batch(policy_loss):
-    """With one minibatch, a pass's first step sees the same weights, targets and decisions
-    either way: the same optimizer step."""
-    model = _model()
-    batch = _batch(model, n_envs=4, T=8)
+@pytest.mark.parametrize("env", ["cartpole", "pendulum-popart"])
+def test_one_block_of_every_decision_takes_the_same_steps_as_the_whole_batch(policy_loss, env):
+    """With one minibatch, each pass sees the same weights, targets and decisions either way:
+    the same optimizer steps, also with normalized observations, PopArt and a Gaussian policy."""
+    if env == "cartpole":
+        model = _model()
+        batch = _batch(model, n_envs=4, T=8)
+    else:
+        model, batch = _pendulum_batch()
     columns = Learner(copy.deepcopy(model), ImpalaAlgorithmConfig(policy_loss=policy_loss))
     steps = Learner(copy.deepcopy(model), ImpalaAlgorithmConfig(policy_loss=policy_loss, **STEPS))
     for learner in (columns, steps):
-        (blk,) = learner.minibatches(batch, fresh=True)
-        learner.update(blk, fresh=True)
-    for got, want in zip(_params(steps.model), _params(columns.model), strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for n in range(3):
+            (blk,) = learner.minibatches(batch, fresh=n == 0)
+            learner.update(blk, fresh=n == 0)
+    after = steps.model.state_dict()
+    for name, want in columns.model.state_dict().items():  # weights and statistics
+        torch.testing.assert_close(after[name], want, rtol=1e-5, atol=1e-6)
 
 
 def test_normalized_observations_join_the_statistics_once_per_batch():
