@@ -31,9 +31,11 @@ def _model(seed: int = 1):
     )
 
 
-def _batch(model, n_envs: int = 4, T: int = 8) -> dict[str, torch.Tensor]:
-    """One CartPole unroll of ``model`` (``n_envs`` columns of ``T`` steps)."""
-    factory = EnvFactory("CartPole-v1", {}, max_episode_steps=20)
+def _batch(
+    model, n_envs: int = 4, T: int = 8, env_id: str = "CartPole-v1"
+) -> dict[str, torch.Tensor]:
+    """One unroll of ``model`` on ``env_id`` (``n_envs`` columns of ``T`` steps)."""
+    factory = EnvFactory(env_id, {}, max_episode_steps=20)
     env = factory()
     spec = rollout_spec_for(model, env.observation_space, T, n_envs)
     env.close()

@@ -14,10 +14,8 @@ import torch
 import impala_rl
 from impala_rl import losses, vtrace
 from impala_rl.config import ConfigError, ImpalaAlgorithmConfig, ModelConfig, load_config
-from impala_rl.envs import EnvFactory
 from impala_rl.learner import STEP_TARGETS, Learner, forward_batch
 from impala_rl.nn.factory import build_model
-from impala_rl.rollout import ActorLoop, rollout_spec_for
 from impala_rl.trainer import Trainer
 from test_appo import _batch, _model
 
@@ -120,17 +118,11 @@ def test_an_update_on_a_step_block_is_the_clipped_surrogate_and_value_loss_of_it
 def _pendulum_batch() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """A continuous-action model with observation normalization and PopArt, and its unroll."""
     torch.manual_seed(0)
-    factory = EnvFactory("Pendulum-v1", {}, max_episode_steps=20)
-    env = factory()
+    env = gym.make("Pendulum-v1")
     cfg = ModelConfig(hidden_sizes=[16], normalize_obs=True, popart=True)
     model = build_model(cfg, env.observation_space, env.action_space)
-    spec = rollout_spec_for(model, env.observation_space, 8, 4)
     env.close()
-    loop = ActorLoop(factory, 4, copy.deepcopy(model), seed=0, unroll_length=8)
-    slot = spec.allocate()
-    loop.unroll(slot)
-    loop.close()
-    return model, slot
+    return model, _batch(model, env_id="Pendulum-v1")
 
 
 @pytest.mark.parametrize("policy_loss", ["impala", "appo"])
