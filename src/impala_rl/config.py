@@ -867,21 +867,17 @@ def handout_lag_bound(a: ImpalaAlgorithmConfig) -> int | None:
 def check_num_minibatches(a: ImpalaAlgorithmConfig, columns: int, rows: int | None = None) -> None:
     """Refuse a ``num_minibatches`` that does not divide a batch's ``columns`` (its decisions,
     ``columns`` times ``rows`` (``n_rollout_steps``) each, with ``minibatch_of=steps``)."""
+    count, unit = columns, "columns (actors_batch_size * envs_per_actor * the env's agents)"
     if a.minibatch_of == "steps":
-        decisions = columns * (a.n_rollout_steps if rows is None else rows)
-        if decisions % a.num_minibatches:
-            _refuse(
-                "algorithm.num_minibatches",
-                f"a divisor of the batch's {decisions} decisions "
-                "(actors_batch_size * envs_per_actor * the env's agents * n_rollout_steps) "
-                "with minibatch_of=steps",
-                a.num_minibatches,
-            )
-    elif columns % a.num_minibatches:
+        count *= a.n_rollout_steps if rows is None else rows
+        unit = (
+            "decisions (actors_batch_size * envs_per_actor * the env's agents * "
+            "n_rollout_steps) with minibatch_of=steps"
+        )
+    if count % a.num_minibatches:
         _refuse(
             "algorithm.num_minibatches",
-            f"a divisor of the batch's {columns} columns (actors_batch_size * envs_per_actor "
-            "* the env's agents)",
+            f"a divisor of the batch's {count} {unit}",
             a.num_minibatches,
         )
 
