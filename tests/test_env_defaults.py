@@ -19,6 +19,7 @@ from impala_rl.config import ConfigError, list_presets, load_config
 from impala_rl.env_defaults import (
     FAMILY_PRESETS,
     GENERIC_PRESET,
+    SHORT_BUDGET,
     describe_spaces,
     env_family,
     resolve_config,
@@ -245,6 +246,31 @@ def test_ids_of_a_family_choose_its_preset(env_id, preset):
     if env_id.startswith("ALE/"):  # the game is the id; its own sticky actions
         assert "game" not in cfg.env.kwargs and "repeat_action_probability" not in cfg.env.kwargs
         assert cfg.target_return is None  # not Pong's 20
+
+
+@pytest.mark.parametrize(
+    ("budget", "preset"),
+    [
+        (None, "minatar"),
+        (300_000, "minatar_short"),
+        (SHORT_BUDGET, "minatar_short"),
+        (SHORT_BUDGET + 1, "minatar"),
+    ],
+)
+def test_a_minatar_id_on_a_short_budget_reuses_its_batches(budget, preset):
+    """One IMPALA pass per batch is the MinAtar choice for millions of env steps; a budget of
+    at most 1M given as ``max_env_steps`` gets PPO's sample reuse (Breakout included)."""
+    pytest.importorskip("minatar")
+    given = [] if budget is None else [f"max_env_steps={budget}"]
+    for env_id in ("MinAtar/Freeway-v1", "MinAtar/Breakout-v1"):
+        overrides = [f"env.id={env_id}", "runner.size_to_machine=false", *given]
+        cfg = resolve_config(None, overrides)
+        if preset == "minatar":
+            assert cfg.algorithm.num_passes == 1 and cfg.algorithm.policy_loss == "impala"
+            continue
+        assert cfg == load_config(preset, [f"env.id={env_id}", *given])
+        assert cfg.algorithm.num_passes == 10 and cfg.algorithm.policy_loss == "appo"
+        assert cfg.model.encoder == "minatar_cnn" and cfg.max_env_steps == budget
 
 
 def test_the_console_says_which_family_chose_the_settings(caplog):

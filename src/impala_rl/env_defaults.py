@@ -5,8 +5,9 @@ The env's family picks a preset, said on the console:
 - Gymnasium's families with a preset (``classic_control``, ``box2d``, ``mujoco``: the package of
   the env's entry point);
 - by id: ``MiniGrid-...`` and ``BabyAI-...`` the ``minigrid`` preset, ``MinAtar/...`` the
-  ``minatar`` preset (``minatar_breakout`` for Breakout), ``ALE/...`` the ``pong_appo``
-  preset's learning settings with the Atari preprocessing (the game's own sticky actions);
+  ``minatar`` preset (``minatar_breakout`` for Breakout; ``minatar_short``, sample reuse, for a
+  ``max_env_steps`` of at most 1M), ``ALE/...`` the ``pong_appo`` preset's learning settings
+  with the Atari preprocessing (the game's own sticky actions);
 - any other env the ``any_env`` preset: nearly on-policy batches reused under the clipped
   surrogate (the family presets' settings), fitted to the env's spaces.
 
@@ -57,6 +58,10 @@ ID_PRESETS: tuple[tuple[str, str, str], ...] = (
     ("ALE/", "pong_appo", "ALE"),
 )
 """Id prefixes of families with a preset: prefix, preset, family name."""
+SHORT_BUDGET_PRESETS = {"minatar": "minatar_short", "minatar_breakout": "minatar_short"}
+"""Family presets chosen for budgets of millions of env steps, and what replaces them when the
+user's ``max_env_steps`` is at most :data:`SHORT_BUDGET` (sample reuse)."""
+SHORT_BUDGET = 1_000_000
 GENERIC_PRESET = "any_env"
 """What an env of no known family runs."""
 MAX_ENV_STEPS = 1_000_000
@@ -207,8 +212,13 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
             derived.append("env.vector=async")
     else:
         preset = family[0]
-    cfg = load_config(preset, [*derived, *overrides])
     note = ""
+    budget = probe_cfg.max_env_steps
+    if preset in SHORT_BUDGET_PRESETS and _overridden(overrides, "max_env_steps"):
+        if budget is not None and budget <= SHORT_BUDGET:
+            preset = SHORT_BUDGET_PRESETS[preset]
+            note = f"; a budget of {budget:,} env steps <= {SHORT_BUDGET:,}: sample reuse"
+    cfg = load_config(preset, [*derived, *overrides])
     if env_cfg.id.startswith("ALE/"):  # the game is env.id; sticky actions are the id's own
         for key in ("game", "repeat_action_probability"):
             if not _overridden(overrides, f"env.kwargs.{key}"):
