@@ -213,11 +213,10 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     else:
         preset = family[0]
     note = ""
-    budget = probe_cfg.max_env_steps
-    if preset in SHORT_BUDGET_PRESETS and _overridden(overrides, "max_env_steps"):
-        if budget is not None and budget <= SHORT_BUDGET:
-            preset = SHORT_BUDGET_PRESETS[preset]
-            note = f"; a budget of {budget:,} env steps <= {SHORT_BUDGET:,}: sample reuse"
+    budget = probe_cfg.max_env_steps  # None unless an override gives it (no preset under it)
+    if preset in SHORT_BUDGET_PRESETS and budget is not None and budget <= SHORT_BUDGET:
+        preset = SHORT_BUDGET_PRESETS[preset]
+        note = f"; a budget of {budget:,} env steps <= {SHORT_BUDGET:,}: sample reuse"
     cfg = load_config(preset, [*derived, *overrides])
     if env_cfg.id.startswith("ALE/"):  # the game is env.id; sticky actions are the id's own
         for key in ("game", "repeat_action_probability"):
