@@ -28,6 +28,7 @@ from impala_rl.env_defaults import (
 )
 from impala_rl.envs import EnvFactory
 from impala_rl.evaluation import EvaluationResult
+from impala_rl.learner import scheduled_lr
 from impala_rl.plot import load_metrics
 from impala_rl.trainer import Trainer, evaluation_due
 from test_cli import _cmd, _env
@@ -257,20 +258,29 @@ def test_ids_of_a_family_choose_its_preset(env_id, preset):
         (SHORT_BUDGET + 1, "minatar"),
     ],
 )
-def test_a_minatar_id_on_a_short_budget_reuses_its_batches(budget, preset):
+def test_a_minatar_id_on_a_short_budget_reuses_its_batches(budget, preset, caplog):
     """One IMPALA pass per batch is the MinAtar choice for millions of env steps; a budget of
     at most 1M given as ``max_env_steps`` gets PPO's sample reuse (Breakout included)."""
     pytest.importorskip("minatar")
     given = [] if budget is None else [f"max_env_steps={budget}"]
     for env_id in ("MinAtar/Freeway-v1", "MinAtar/Breakout-v1"):
         overrides = [f"env.id={env_id}", "runner.size_to_machine=false", *given]
-        cfg = resolve_config(None, overrides)
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            cfg = resolve_config(None, overrides)
         if preset == "minatar":
             assert cfg.algorithm.num_passes == 1 and cfg.algorithm.policy_loss == "impala"
             continue
         assert cfg == load_config(preset, [f"env.id={env_id}", *given])
         assert cfg.algorithm.num_passes == 10 and cfg.algorithm.policy_loss == "appo"
         assert cfg.model.encoder == "minatar_cnn" and cfg.max_env_steps == budget
+        # The lr decays to 0 over the budget given, not over the one-pass preset's 5M.
+        assert scheduled_lr(cfg.algorithm, 0, cfg.max_env_steps) == cfg.algorithm.lr
+        assert scheduled_lr(cfg.algorithm, budget // 2, cfg.max_env_steps) == pytest.approx(
+            cfg.algorithm.lr * (budget - budget // 2) / budget
+        )
+        assert scheduled_lr(cfg.algorithm, budget, cfg.max_env_steps) == 0.0
+        assert f"lr 0.0003 decaying to 0 over {budget:,} env steps" in caplog.text
 
 
 def test_the_console_says_which_family_chose_the_settings(caplog):

@@ -244,12 +244,16 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     reuse = (
         f"{a.num_passes} passes x {a.num_minibatches} minibatches{of}, " if a.num_passes > 1 else ""
     )
+    lr = f"lr {a.lr:g}"
+    if a.lr_schedule == "linear":
+        horizon = a.lr_decay_env_steps or cfg.max_env_steps
+        lr += f" decaying to {a.lr_final:g}" + (f" over {horizon:,} env steps" if horizon else "")
     backend = f"{cfg.runner.backend} backend"
     if slow and cfg.env.vector == "async":
         backend += f", each env in its own process (a step takes {step_s * 1e3:.1f} ms)"
     line = (
         f"{chosen} for {env_cfg.id} ({spaces}); {target}; {evaluation}; "
-        f"{cfg.model.encoder} encoder, {a.policy_loss} loss, {reuse}lr {a.lr:g}, "
+        f"{cfg.model.encoder} encoder, {a.policy_loss} loss, {reuse}{lr}, "
         f"{backend}, {a.num_actors} actors x {a.envs_per_actor} envs, "
         f"unroll {a.n_rollout_steps}, max_env_steps {cfg.max_env_steps}"
     )
