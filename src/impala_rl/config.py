@@ -846,6 +846,12 @@ def max_waiting_rollouts(a: ImpalaAlgorithmConfig) -> int:
     return math.ceil(factor * a.actors_batch_size)
 
 
+def decay_horizon(a: ImpalaAlgorithmConfig, schedule: str, max_env_steps: int | None) -> int | None:
+    """Env steps over which the ``lr`` or ``entropy`` linear schedule decays: its own
+    ``{schedule}_decay_env_steps``, else the run's ``max_env_steps`` (``None``: neither set)."""
+    return getattr(a, f"{schedule}_decay_env_steps") or max_env_steps
+
+
 def steps_per_batch(a: ImpalaAlgorithmConfig) -> int:
     """Optimizer steps the learner takes on one batch: ``num_passes * num_minibatches``."""
     return a.num_passes * a.num_minibatches
@@ -1000,8 +1006,7 @@ def validate(cfg: RunConfig) -> None:
     for schedule, horizon in (("lr", "lr_decay_env_steps"), ("entropy", "entropy_decay_env_steps")):
         if (
             getattr(a, f"{schedule}_schedule") == "linear"
-            and getattr(a, horizon) is None
-            and cfg.max_env_steps is None
+            and decay_horizon(a, schedule, cfg.max_env_steps) is None
         ):
             _refuse(
                 f"algorithm.{horizon}",

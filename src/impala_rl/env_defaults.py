@@ -38,7 +38,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from impala_rl.config import RunConfig, check_rules, load_config, merge_config, user_file_keys
+from impala_rl.config import (
+    RunConfig,
+    check_rules,
+    decay_horizon,
+    load_config,
+    merge_config,
+    user_file_keys,
+)
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.spaces import image_layout
 from impala_rl.envs.structured import is_structured
@@ -246,7 +253,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     )
     lr = f"lr {a.lr:g}"
     if a.lr_schedule == "linear":
-        horizon = a.lr_decay_env_steps or cfg.max_env_steps
+        horizon = decay_horizon(a, "lr", cfg.max_env_steps)
         lr += f" decaying to {a.lr_final:g}" + (f" over {horizon:,} env steps" if horizon else "")
     backend = f"{cfg.runner.backend} backend"
     if slow and cfg.env.vector == "async":

@@ -21,7 +21,12 @@ from typing import Any
 import torch
 
 from impala_rl import losses, vtrace
-from impala_rl.config import ImpalaAlgorithmConfig, check_num_minibatches, steps_per_batch
+from impala_rl.config import (
+    ImpalaAlgorithmConfig,
+    check_num_minibatches,
+    decay_horizon,
+    steps_per_batch,
+)
 from impala_rl.distributed import LearnerGroup
 from impala_rl.nn import Model
 from impala_rl.nn.observations import Obs, map_obs, read_obs
@@ -157,7 +162,7 @@ def scheduled_lr(cfg: ImpalaAlgorithmConfig, env_steps: int, max_env_steps: int 
     warmup = min(1.0, env_steps / cfg.lr_warmup_env_steps) if cfg.lr_warmup_env_steps else 1.0
     if cfg.lr_schedule == "constant":
         return warmup * cfg.lr
-    horizon = cfg.lr_decay_env_steps or max_env_steps
+    horizon = decay_horizon(cfg, "lr", max_env_steps)
     return warmup * linear_decay(cfg.lr, cfg.lr_final, env_steps, horizon)
 
 
@@ -167,7 +172,7 @@ def scheduled_entropy_coef(
     """The entropy bonus's weight after ``env_steps`` under the configured schedule."""
     if cfg.entropy_schedule == "constant":
         return cfg.entropy_coef
-    horizon = cfg.entropy_decay_env_steps or max_env_steps
+    horizon = decay_horizon(cfg, "entropy", max_env_steps)
     return linear_decay(cfg.entropy_coef, cfg.entropy_coef_final, env_steps, horizon)
 
 
