@@ -123,13 +123,16 @@ def main() -> None:
     if args.against:
         variants[" ".join(args.against)] = config(args.overrides + args.against)
     batches = {name: learner_batch(c, device, args.compile_torso) for name, c in variants.items()}
-    for one_batch in batches.values():
+    threads = {name: learner_threads(c) for name, c in variants.items()}  # each its own
+    for name, one_batch in batches.items():
+        torch.set_num_threads(threads[name])
         for _ in range(args.warmup):
             one_batch()
     times: dict[str, list[float]] = {name: [] for name in batches}
     order = list(batches)
     for i in range(args.repeats):
         for name in order if i % 2 == 0 else order[::-1]:
+            torch.set_num_threads(threads[name])
             times[name] += [1e3 * t for t in timed(batches[name], 1, device)]
     for name, c in variants.items():
         alg = c.algorithm
@@ -139,7 +142,8 @@ def main() -> None:
             f"{args.preset} {name}{' (torso compiled)' * args.compile_torso}: "
             f"{alg.actors_batch_size * alg.envs_per_actor} columns x {alg.n_rollout_steps} "
             f"steps, {steps} optimizer steps per batch on {device}: {median:.1f} ms per batch "
-            f"({min(times[name]):.1f}-{max(times[name]):.1f}), {median / steps:.2f} ms per step"
+            f"({min(times[name]):.1f}-{max(times[name]):.1f}), {median / steps:.2f} ms per step, "
+            f"{threads[name]} threads"
         )
     if args.against:
         base, other = (statistics.median(times[name]) for name in order)
