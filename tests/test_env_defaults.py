@@ -22,6 +22,7 @@ from impala_rl.env_defaults import (
     SHORT_BUDGET,
     describe_spaces,
     env_family,
+    has_image,
     resolve_config,
     reward_threshold,
     step_seconds,
@@ -219,6 +220,26 @@ def test_a_channels_last_pixel_env_gets_a_cnn_on_channels_first_frames():
     assert not cfg.model.normalize_obs
     env = EnvFactory.of(cfg.env)()
     assert env.observation_space.shape == (3, 40, 40)
+
+
+def test_a_cnn_learner_gets_the_idle_core(monkeypatch, caplog):
+    """The sequential backend leaves the actors' core idle while the learner trains: a CNN's
+    learner (an image, plain or in a Dict) takes 2 threads where the machine has 2 cores, an
+    MLP's keeps one, a one-core machine one, and an explicit setting wins."""
+    catch = "env.id=impala_rl.envs.samples:Catch"
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    with caplog.at_level(logging.INFO, logger="impala_rl.env_defaults"):
+        assert resolve_config(None, [catch]).runner.learner_threads == 2
+    assert "sequential backend, 2 learner threads for the CNN" in caplog.text
+    grid = "env.id=impala_rl.envs.samples:GridWorld"  # a Dict of vectors
+    assert resolve_config(None, [grid]).runner.learner_threads == 1
+    given = resolve_config(None, [catch, "runner.learner_threads=1"])
+    assert given.runner.learner_threads == 1
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert resolve_config(None, [catch]).runner.learner_threads == 1
+    frames = spaces.Box(0, 255, (3, 40, 40), np.uint8)
+    assert has_image(_env_with(spaces.Dict({"frame": frames, "speed": spaces.Discrete(3)}), None))
+    assert not has_image(_env_with(spaces.Box(0, 1, (40, 40), np.float32), None))
 
 
 @pytest.mark.parametrize(

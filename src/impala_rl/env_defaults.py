@@ -23,7 +23,8 @@ observation normalization where there are vectors to normalize. On top, for ever
   ``patience: 0`` and a budget of 1M env steps (``max_env_steps`` overrides it); and where one
   step of the env costs :data:`SLOW_STEP_S` or more (timed on the probe), ``env.vector=async``:
   an actor's envs step at once, each in its own process, on every core (the same episodes,
-  the batches as on-policy as before).
+  the batches as on-policy as before); where the model runs a CNN, 2 learner threads
+  (:data:`CNN_LEARNER_THREADS`).
 
 The user's ``key=value`` overrides go on top, so an explicit setting always wins.
 With neither a preset nor ``env.id`` the ``cartpole`` preset runs (CartPole-v1, tuned).
@@ -32,6 +33,7 @@ With neither a preset nor ``env.id`` the ``cartpole`` preset runs (CartPole-v1, 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -78,6 +80,11 @@ SLOW_STEP_S = 5e-4
 step on a laptop core) puts each env in a process of its own (``env.vector=async``)."""
 STEP_TIMING_S = 0.25  # the probe steps this long, or 200 steps, whichever ends first
 NATURE_CNN_MIN_SIDE = 36  # 8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave >= 1 pixel
+CNN_LEARNER_THREADS = 2
+"""Torch threads for an ``any_env`` learner that runs a CNN (an image observation, plain or in
+a Dict), at most the machine's cores: the sequential backend leaves the other core idle, and
+Catch's update took 0.75x one thread's time on 2 cores (``benchmarks/batch_update.py``); an
+MLP's (PointGoal: 0.89x, within the spread) keeps one."""
 
 
 def _spec(env_id: str) -> Any:
@@ -180,6 +187,16 @@ def _is_model_image(space: Any) -> bool:
     return image_layout(space) == "chw"
 
 
+def has_image(env: Any) -> bool:
+    """Whether ``env``'s observation is an image as the model takes it, or a Dict holding one
+    (the model then runs a CNN); False for a structured env."""
+    if is_structured(env):
+        return False
+    obs = env.observation_space
+    entries = obs.spaces.values() if isinstance(obs, gym.spaces.Dict) else [obs]
+    return any(_is_model_image(e) for e in entries)
+
+
 def _is_vector(space: Any) -> bool:
     """A float32 vector entry, which observation normalization normalizes."""
     return isinstance(space, gym.spaces.Box) and space.dtype == np.float32
@@ -200,6 +217,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     probe = EnvFactory.of(env_cfg, vector="python")()
     try:
         spaces, model = describe_spaces(probe)
+        images = has_image(probe)
         step_s = step_seconds(probe) if family is None else 0.0
     finally:
         probe.close()
@@ -217,6 +235,10 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         ]
         if slow:
             derived.append("env.vector=async")
+        if images:
+            derived.append(
+                f"runner.learner_threads={min(CNN_LEARNER_THREADS, os.cpu_count() or 1)}"
+            )
     else:
         preset = family[0]
     note = ""
@@ -256,6 +278,8 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         horizon = decay_horizon(a, "lr", cfg.max_env_steps)
         lr += f" decaying to {a.lr_final:g}" + (f" over {horizon:,} env steps" if horizon else "")
     backend = f"{cfg.runner.backend} backend"
+    if images and family is None:
+        backend += f", {cfg.runner.learner_threads} learner threads for the CNN"
     if slow and cfg.env.vector == "async":
         backend += f", each env in its own process (a step takes {step_s * 1e3:.1f} ms)"
     line = (
