@@ -225,7 +225,8 @@ def test_a_channels_last_pixel_env_gets_a_cnn_on_channels_first_frames():
 def test_a_cnn_learner_gets_the_idle_core(monkeypatch, caplog):
     """The sequential backend leaves the actors' core idle while the learner trains: a CNN's
     learner (an image, plain or in a Dict) takes 2 threads where the machine has 2 cores, an
-    MLP's keeps one, a one-core machine one, and an explicit setting wins."""
+    MLP's keeps one, a one-core machine one, actors in processes leave it the preset's one, and
+    an explicit setting wins."""
     catch = "env.id=impala_rl.envs.samples:Catch"
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     with caplog.at_level(logging.INFO, logger="impala_rl.env_defaults"):
@@ -235,6 +236,8 @@ def test_a_cnn_learner_gets_the_idle_core(monkeypatch, caplog):
     assert resolve_config(None, [grid]).runner.learner_threads == 1
     given = resolve_config(None, [catch, "runner.learner_threads=1"])
     assert given.runner.learner_threads == 1
+    in_processes = resolve_config(None, [catch, "runner.backend=subprocess"])  # cores taken
+    assert in_processes.runner.learner_threads == 1
     monkeypatch.setattr("os.cpu_count", lambda: 1)
     assert resolve_config(None, [catch]).runner.learner_threads == 1
     frames = spaces.Box(0, 255, (3, 40, 40), np.uint8)

@@ -222,6 +222,8 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     finally:
         probe.close()
     slow = step_s >= SLOW_STEP_S and not _overridden(overrides, "runner.backend")
+    # the sequential backend's idle core (actors in processes of their own take the others)
+    cnn_threads = family is None and images and not _overridden(overrides, "runner.backend")
     threshold = reward_threshold(env_cfg.id)
     derived = [f"target_return={'null' if threshold is None else threshold}"]
     if family is None:  # a family preset has its network and schedule
@@ -235,7 +237,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         ]
         if slow:
             derived.append("env.vector=async")
-        if images:
+        if cnn_threads:
             derived.append(
                 f"runner.learner_threads={min(CNN_LEARNER_THREADS, os.cpu_count() or 1)}"
             )
@@ -278,7 +280,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         horizon = decay_horizon(a, "lr", cfg.max_env_steps)
         lr += f" decaying to {a.lr_final:g}" + (f" over {horizon:,} env steps" if horizon else "")
     backend = f"{cfg.runner.backend} backend"
-    if images and family is None:
+    if cnn_threads:
         backend += f", {cfg.runner.learner_threads} learner threads for the CNN"
     if slow and cfg.env.vector == "async":
         backend += f", each env in its own process (a step takes {step_s * 1e3:.1f} ms)"
