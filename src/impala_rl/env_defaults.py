@@ -146,9 +146,8 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
     if isinstance(obs, gym.spaces.Dict):
         entries = obs.spaces.values()
         vectors = any(_is_vector(e) for e in entries)
-        images = [e for e in entries if _is_model_image(e)]
         what = "Dict observations (an encoder per entry"
-        what += ", a CNN per image" if images else ""
+        what += ", a CNN per image" if has_image(env) else ""
         model = {} if vectors else {"normalize_obs": False}
         return f"{actions}, {what})", model
     if not _is_model_image(obs):
