@@ -53,6 +53,19 @@ def test_grid_encoder_takes_a_lone_image_and_refuses_a_missing_entry():
         GridEncoder(GRID, image_key="pixels")
 
 
+def test_grid_encoder_without_a_cnn_reads_each_cell_where_it_is():
+    encoder = GridEncoder(GRID, embed_dim=4, channels=0, out_features=8)
+    assert not any(isinstance(m, torch.nn.Conv2d) for m in encoder.modules())
+    assert encoder.head[0].in_features == 3 * 4 * 7 * 7 + 4  # every cell's codes + direction
+    moved = _obs()
+    moved["image"][:, 0, 3, 3] = 5  # one cell holds a key
+    elsewhere = _obs()
+    elsewhere["image"][:, 0, 0, 0] = 5  # the same key in another cell
+    assert not torch.allclose(encoder(moved), encoder(elsewhere))
+    with pytest.raises(ValueError, match="channels"):
+        GridEncoder(GRID, channels=-1)
+
+
 def test_grid_encoder_by_import_path_under_the_model():
     cfg = ModelConfig(
         encoder="impala_rl.nn.grid:GridEncoder",

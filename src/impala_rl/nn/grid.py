@@ -43,7 +43,8 @@ class GridEncoder(nn.Module):
         codes: codes per channel (``null``: the space's bound plus one, 256 for MiniGrid's
             ``Box(0, 255)``; only the codes that occur are trained).
         embed_dim: the width of each channel's code embedding.
-        channels: the CNN's channels (two 3x3 convolutions, padding 1, ReLU).
+        channels: the CNN's channels (two 3x3 convolutions, padding 1, ReLU); ``0``: no CNN,
+            the linear layer reads the embedded cells themselves (a fraction of the work).
         out_features: the width of the features (a linear layer over the cells and the other
             entries, ReLU).
     """
@@ -76,14 +77,19 @@ class GridEncoder(nn.Module):
         self.codes = int(image.high.max()) + 1 if codes is None else int(codes)
         self.embed = nn.Embedding(c * self.codes, embed_dim)
         self.register_buffer("offsets", torch.arange(c).view(1, c, 1, 1) * self.codes, False)
-        self.cnn = nn.Sequential(
-            nn.Conv2d(c * embed_dim, channels, 3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(channels, channels, 3, padding=1),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
-        width = channels * h * w
+        if channels < 0:
+            raise ValueError(f"channels must be >= 0 (0: no CNN), got {channels}")
+        if channels:
+            self.cnn = nn.Sequential(
+                nn.Conv2d(c * embed_dim, channels, 3, padding=1),
+                nn.ReLU(),
+                nn.Conv2d(channels, channels, 3, padding=1),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
+        else:
+            self.cnn = nn.Flatten()
+        width = (channels or c * embed_dim) * h * w
         self.discrete: dict[str, int] = {}
         for name, sub in self.others.items():
             if isinstance(sub, gymnasium.spaces.Discrete):
