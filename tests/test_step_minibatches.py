@@ -92,6 +92,43 @@ def test_a_step_blocks_targets_are_vtrace_over_the_whole_batch_with_the_pass_wei
         torch.testing.assert_close(blk["rho"][0], expected.rhos.flatten()[at])
 
 
+@pytest.mark.parametrize("step_targets", ["pass", "batch"])
+def test_step_targets_batch_keeps_the_first_passs_targets_for_the_batch(step_targets):
+    """``step_targets=batch`` (PPO's advantages, once per rollout): the later passes train on
+    the targets of the weights the batch's first pass started from; ``pass`` recomputes them
+    with each pass's weights. A new batch gets its own either way."""
+    model = _model()
+    cfg = ImpalaAlgorithmConfig(
+        policy_loss="appo", num_minibatches=4, step_targets=step_targets, **STEPS
+    )
+    learner = Learner(model, cfg)
+
+    def by_decision(blocks: list[dict[str, torch.Tensor]], field: str) -> torch.Tensor:
+        at = torch.cat([blk["marker"][0] for blk in blocks]).long()
+        values = torch.cat([blk[field][0] for blk in blocks])
+        return values[at.argsort()]
+
+    batches = []
+    for _ in range(2):
+        batch = _batch(model, n_envs=4, T=8)
+        T, B = batch["behaviour_log_prob"].shape
+        batch["marker"] = torch.arange(T * B, dtype=torch.float32).view(T, B)
+        batches.append(batch)
+    passes = []
+    for n in range(2):
+        blocks = list(learner.minibatches(batches[0], fresh=n == 0))
+        for blk in blocks:
+            learner.update(blk, fresh=n == 0)
+        passes.append(blocks)
+    for field in (STEP_TARGETS, "pg_advantage", "rho"):
+        first, second = (by_decision(blocks, field) for blocks in passes)
+        assert torch.equal(first, second) == (step_targets == "batch"), field
+    # the next batch's first pass: its own targets, with the weights trained so far
+    expected = learner._step_rows_of(batches[1])[STEP_TARGETS][0]
+    blocks = list(learner.minibatches(batches[1], fresh=True))
+    assert torch.equal(by_decision(blocks, STEP_TARGETS), expected)
+
+
 def test_an_update_on_a_step_block_is_the_clipped_surrogate_and_value_loss_of_its_decisions():
     model = _model()
     batch = _batch(model, n_envs=4, T=8)
@@ -168,6 +205,8 @@ def test_step_minibatches_are_refused_where_they_cannot_run():
         load_config(None, ["algorithm.minibatch_of=steps", "model.core=lstm"])
     with pytest.raises(ConfigError, match=r"algorithm\.minibatch_of.*columns \| steps"):
         load_config(None, ["algorithm.minibatch_of=decisions"])
+    with pytest.raises(ConfigError, match=r"algorithm\.step_targets.*pass \| batch"):
+        load_config(None, ["algorithm.step_targets=rollout"])
     model = _model()
     cfg = ImpalaAlgorithmConfig(num_minibatches=7, **STEPS)
     with pytest.raises(ConfigError, match=r"algorithm\.num_minibatches.*32 decisions"):

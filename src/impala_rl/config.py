@@ -39,6 +39,7 @@ CRITIC_MODES = ("per_step_key", "shared")
 VECTOR_ENVS = ("auto", "python", "envpool", "async")
 POLICY_LOSSES = ("impala", "appo")
 MINIBATCH_OF = ("columns", "steps")
+STEP_TARGETS_PER = ("pass", "batch")
 ADV_MODES = ("official", "acme")  # vtrace.ADV_MODES
 
 
@@ -190,6 +191,11 @@ class ImpalaAlgorithmConfig:
     the whole batch with that pass's first weights). ``steps`` decorrelates a minibatch's
     samples; it needs a model without a core (an LSTM trains on sequences): a preset's
     ``steps`` gives way to ``columns`` when the user sets ``model.core``."""
+    step_targets: str = "pass"
+    """With ``minibatch_of=steps``, when V-trace's targets, advantages and importance weights
+    are computed: at each pass's start with that pass's weights (``pass``), or once per batch
+    at its first pass and kept for the others (``batch``), as PPO computes its advantages once
+    per rollout; ``batch`` saves a forward pass over the whole batch per further pass."""
     policy_loss: str = "impala"
     """``impala``: the policy gradient on V-trace advantages against the current weights.
     ``appo``: APPO / IMPACT (Luo et al. 2020): a target network (a copy of the model, not
@@ -744,6 +750,7 @@ RULES: dict[str, Rule] = {
     "algorithm.num_learners": at_least(1, integer=True),
     "algorithm.num_minibatches": at_least(1, integer=True),
     "algorithm.minibatch_of": one_of(MINIBATCH_OF),
+    "algorithm.step_targets": one_of(STEP_TARGETS_PER),
     "algorithm.policy_loss": one_of(POLICY_LOSSES),
     "algorithm.clip_param": above(0),
     "algorithm.target_update_frequency": at_least(1, integer=True, nullable=True),

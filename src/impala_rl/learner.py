@@ -466,6 +466,8 @@ class Learner:
             self.target_model = copy.deepcopy(self.model).requires_grad_(False)
         # appo: (batch, the target's log-probs of its actions) while the target stands
         self._target_cache: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
+        # step_targets=batch: the batch's decisions with their targets, from its first pass
+        self._step_rows: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None
         # The update as a CUDA graph (UpdateGraph): None decides at the first update (on a GPU
         # when capture_refusal allows), True insists (on a CPU: the same path eagerly).
         self.capture: bool | None = capture
@@ -522,7 +524,8 @@ class Learner:
         minibatches.
 
         V-trace's targets and policy-gradient advantages are computed once, over the whole
-        batch's columns with the weights the pass starts from (no gradient), and travel with
+        batch's columns with the weights the pass starts from (no gradient; with
+        ``step_targets=batch`` the first pass's are kept for the others), and travel with
         each decision: a block is ``[1, n]`` rows with ``vs``, ``pg_advantage`` and
         ``rho`` beside its fields (no bootstrap row), and :meth:`update` trains on it
         without running V-trace again. The importance weights are the target's (appo) or
@@ -530,6 +533,25 @@ class Learner:
         """
         if fresh:
             update_observation_statistics(self.model, batch, self.group)
+        T, B = batch["behaviour_log_prob"].shape
+        per_column = [name for name, value in batch.items() if value.ndim == 1]
+        kept = self._step_rows
+        if not fresh and kept is not None and kept[0] is batch:
+            rows = kept[1]  # step_targets=batch: the first pass's targets
+        else:
+            rows = self._step_rows_of(batch)
+            self._step_rows = (batch, rows) if self.cfg.step_targets == "batch" else None
+        n = self.cfg.num_minibatches
+        check_num_minibatches(self.cfg, B, T)
+        order = torch.randperm(T * B).to(batch["first"].device)
+        for idx in order.view(n, T * B // n):
+            block = {name: value.index_select(1, idx) for name, value in rows.items()}
+            yield {name: block[name][0] if name in per_column else block[name] for name in block}
+
+    def _step_rows_of(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The batch's ``T * B`` decisions as ``[1, T * B]`` rows of its fields, with V-trace's
+        targets, advantages and importance weights under the current weights (and the
+        target's log-probs while it stands), for :meth:`step_blocks`."""
         T, B = batch["behaviour_log_prob"].shape
         with torch.no_grad():
             out = forward_batch(self.model, batch)
@@ -540,20 +562,15 @@ class Learner:
             for name, value in batch.items()
             if value.ndim >= 2 and name not in ("core_h", "core_c")
         }
-        per_column = [name for name, value in batch.items() if value.ndim == 1]
-        for name in per_column:  # policy_version, ...: one entry per decision
-            rows[name] = batch[name].expand(T, B).reshape(1, T * B)
+        for name, value in batch.items():
+            if value.ndim == 1:  # policy_version, ...: one entry per decision
+                rows[name] = value.expand(T, B).reshape(1, T * B)
         rows[STEP_TARGETS] = vt.vs.reshape(1, T * B)
         rows["pg_advantage"] = vt.pg_advantages.reshape(1, T * B)
         rows["rho"] = vt.rhos.reshape(1, T * B)
         if target_log_prob is not None and self._target_stands():
             rows["target_log_prob"] = target_log_prob[:T].reshape(1, T * B)
-        n = self.cfg.num_minibatches
-        check_num_minibatches(self.cfg, B, T)
-        order = torch.randperm(T * B).to(batch["first"].device)
-        for idx in order.view(n, T * B // n):
-            block = {name: value.index_select(1, idx) for name, value in rows.items()}
-            yield {name: block[name][0] if name in per_column else block[name] for name in block}
+        return rows
 
     def _target_stands(self) -> bool:
         """appo: whether the target stays put for a whole batch (it moves at most once per
