@@ -79,7 +79,7 @@ def learner_batch(
     def one_batch() -> None:
         taken = 0
         for n in range(alg.num_passes):
-            for block in learner.minibatches(batch):
+            for block in learner.minibatches(batch, fresh=n == 0):
                 learner.update(block, fresh=n == 0)
                 taken += 1
                 if broadcasts_after(alg, taken):

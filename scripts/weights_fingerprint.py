@@ -28,6 +28,8 @@ RUNS = {
     "tictactoe": ("tictactoe", ["max_env_steps=6000"]),
     # an env of no family: the any_env preset (APPO's passes and minibatches, PopArt, a Dict)
     "any-env-pointgoal": ("env.id=impala_rl.envs.samples:PointGoal", ["max_env_steps=3072"]),
+    # minibatches of single decisions (the minigrid preset) on the grid encoder
+    "minigrid-doorkey": ("env.id=MiniGrid-DoorKey-5x5-v0", ["max_env_steps=3072"]),
     "cartpole-lstm": (
         "cartpole",
         [
