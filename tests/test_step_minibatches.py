@@ -207,6 +207,11 @@ def test_step_minibatches_are_refused_where_they_cannot_run():
         load_config(None, ["algorithm.minibatch_of=decisions"])
     with pytest.raises(ConfigError, match=r"algorithm\.step_targets.*pass \| batch"):
         load_config(None, ["algorithm.step_targets=rollout"])
+    with pytest.raises(ConfigError, match=r"algorithm\.step_targets.*minibatch_of=steps"):
+        load_config(None, ["algorithm.step_targets=batch"])
+    assert load_config("minigrid", ["algorithm.step_targets=batch"]).algorithm.step_targets == (
+        "batch"
+    )
     model = _model()
     cfg = ImpalaAlgorithmConfig(num_minibatches=7, **STEPS)
     with pytest.raises(ConfigError, match=r"algorithm\.num_minibatches.*32 decisions"):

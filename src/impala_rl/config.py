@@ -1048,6 +1048,13 @@ def validate(cfg: RunConfig) -> None:
             f"columns when model.core={m.core} (the core trains on whole sequences)",
             a.minibatch_of,
         )
+    if a.step_targets != "pass" and a.minibatch_of != "steps":
+        _refuse(
+            "algorithm.step_targets",
+            "pass unless algorithm.minibatch_of=steps (column minibatches run V-trace at each "
+            "optimizer step)",
+            a.step_targets,
+        )
     if m.core != "none" and not m.shared_torso:
         _refuse(
             "model.shared_torso",
