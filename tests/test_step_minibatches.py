@@ -124,7 +124,8 @@ def test_step_targets_batch_keeps_the_first_passs_targets_for_the_batch(step_tar
         first, second = (by_decision(blocks, field) for blocks in passes)
         assert torch.equal(first, second) == (step_targets == "batch"), field
     # the next batch's first pass: its own targets, with the weights trained so far
-    expected = learner._step_rows_of(batches[1])[STEP_TARGETS][0]
+    per_column = [name for name, value in batches[1].items() if value.ndim == 1]
+    expected = learner._step_rows_of(batches[1], per_column)[STEP_TARGETS][0]
     blocks = list(learner.minibatches(batches[1], fresh=True))
     assert torch.equal(by_decision(blocks, STEP_TARGETS), expected)
 

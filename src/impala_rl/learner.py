@@ -539,7 +539,7 @@ class Learner:
         if not fresh and kept is not None and kept[0] is batch:
             rows = kept[1]  # step_targets=batch: the first pass's targets
         else:
-            rows = self._step_rows_of(batch)
+            rows = self._step_rows_of(batch, per_column)
             self._step_rows = (batch, rows) if self.cfg.step_targets == "batch" else None
         n = self.cfg.num_minibatches
         check_num_minibatches(self.cfg, B, T)
@@ -548,10 +548,13 @@ class Learner:
             block = {name: value.index_select(1, idx) for name, value in rows.items()}
             yield {name: block[name][0] if name in per_column else block[name] for name in block}
 
-    def _step_rows_of(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The batch's ``T * B`` decisions as ``[1, T * B]`` rows of its fields, with V-trace's
-        targets, advantages and importance weights under the current weights (and the
-        target's log-probs while it stands), for :meth:`step_blocks`."""
+    def _step_rows_of(
+        self, batch: dict[str, torch.Tensor], per_column: list[str]
+    ) -> dict[str, torch.Tensor]:
+        """The batch's ``T * B`` decisions as ``[1, T * B]`` rows of its fields (``per_column``:
+        those with one entry per column), with V-trace's targets, advantages and importance
+        weights under the current weights (and the target's log-probs while it stands), for
+        :meth:`step_blocks`."""
         T, B = batch["behaviour_log_prob"].shape
         with torch.no_grad():
             out = forward_batch(self.model, batch)
@@ -562,9 +565,8 @@ class Learner:
             for name, value in batch.items()
             if value.ndim >= 2 and name not in ("core_h", "core_c")
         }
-        for name, value in batch.items():
-            if value.ndim == 1:  # policy_version, ...: one entry per decision
-                rows[name] = value.expand(T, B).reshape(1, T * B)
+        for name in per_column:  # policy_version, ...: one entry per decision
+            rows[name] = batch[name].expand(T, B).reshape(1, T * B)
         rows[STEP_TARGETS] = vt.vs.reshape(1, T * B)
         rows["pg_advantage"] = vt.pg_advantages.reshape(1, T * B)
         rows["rho"] = vt.rhos.reshape(1, T * B)
