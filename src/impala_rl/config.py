@@ -40,6 +40,7 @@ VECTOR_ENVS = ("auto", "python", "envpool", "async")
 POLICY_LOSSES = ("impala", "appo")
 MINIBATCH_OF = ("columns", "steps")
 STEP_TARGETS_PER = ("pass", "batch")
+BACKGROUND_EVALUATION = ("thread", "process")  # and true (a thread) or false (in the pause)
 ADV_MODES = ("official", "acme")  # vtrace.ADV_MODES
 
 
@@ -57,12 +58,14 @@ class RolloutEvaluatorConfig:
     """Take the mode of the action distribution instead of sampling."""
     max_episode_steps: int | None = None
     """Cut evaluation episodes after this many steps (``null``: the env's own limit)."""
-    background: bool = False
-    """Evaluate a snapshot of the epoch's weights in a thread while training goes on (one
-    evaluation at a time: an epoch that ends while one runs is not evaluated). Best-model
-    selection, patience and ``target_return`` act on each result when it arrives, with the
-    snapshot's weights and epoch; ``false``: evaluate at the end of every epoch, training
-    paused."""
+    background: bool | str = False
+    """Evaluate a snapshot of the epoch's weights while training goes on (one evaluation at a
+    time: an epoch that ends while one runs is not evaluated): ``thread`` (or ``true``) in a
+    thread of the learner's process, on the learner's device; ``process`` in a process of its
+    own on the CPU (one thread; the learner's Python is not shared, so it suits a core the
+    learner leaves idle, e.g. the sequential backend's second). Best-model selection, patience
+    and ``target_return`` act on each result when it arrives, with the snapshot's weights and
+    epoch; ``false``: evaluate at the end of every epoch, training paused."""
     max_time_share: float | None = None
     """Evaluate at an epoch's end only while the time spent evaluating (the pause, or the
     background thread's) plus the last evaluation's length stays within this share of the wall
@@ -758,6 +761,10 @@ RULES: dict[str, Rule] = {
     "algorithm.critic_burn_in_epochs": at_least(0, integer=True),
     "algorithm.rollout_evaluator.n_episodes": at_least(1, integer=True),
     "algorithm.rollout_evaluator.max_episode_steps": at_least(1, integer=True, nullable=True),
+    "algorithm.rollout_evaluator.background": Rule(
+        lambda v: v is True or v is False or v in BACKGROUND_EVALUATION,
+        "false | true | " + " | ".join(BACKGROUND_EVALUATION),
+    ),
     "algorithm.rollout_evaluator.max_time_share": Rule(
         lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1] or null", nullable=True
     ),

@@ -265,7 +265,10 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         evaluation = "evaluation every epoch"
     else:
         evaluation = f"evaluation at most {ev.max_time_share:.0%} of the time"
-    evaluation += " in the background" if ev.background else " in the pause"
+    if ev.background == "process":
+        evaluation += " in a process of its own"
+    else:
+        evaluation += " in the background" if ev.background else " in the pause"
     if family is None:
         chosen = f"no preset of its family: the {preset} preset"
     else:

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import copy
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import sys
 import threading
+import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 import gymnasium as gym
@@ -173,6 +181,10 @@ class BackgroundEvaluator:
         self._thread = None
         self._cancel.clear()
 
+    def close(self) -> None:
+        """Cancel the running evaluation: the thread ends with it."""
+        self.cancel()
+
     def _check_cancel(self, module: torch.nn.Module, inputs: Any) -> None:
         if self._cancel.is_set():
             raise EvaluationCancelled
@@ -184,3 +196,189 @@ class BackgroundEvaluator:
             self._done = None
         except BaseException as exc:  # handed to the trainer's thread by poll()
             self._error = exc
+
+
+# How long a stopping evaluation process may take to end its episode's forward call and exit.
+PROCESS_STOP_TIMEOUT_S = 30.0
+
+
+class ProcessEvaluator:
+    """:class:`BackgroundEvaluator`'s work in a process of its own (``rollout_evaluator.
+    background=process``): the learner's process keeps its Python to itself.
+
+    The process is started at construction (its imports overlap the first batches) with a
+    CPU copy of ``model`` and ``env_factory`` (both pickled, as the subprocess actors get
+    them) and runs one thread. :meth:`start` keeps a snapshot of the model here (the weights
+    that earned the result, for best-model selection) and sends its state dict with the seed
+    ``seed_of(tag)`` (``n_episodes``, ``deterministic`` and ``max_episode_steps`` as
+    :func:`evaluate` takes them); :meth:`poll` hands back ``(tag, snapshot, result)`` and
+    reports the evaluation's seconds to ``timed``; :meth:`cancel` stops a running evaluation
+    at its next forward call; :meth:`close` stops and joins the process (also after an
+    error).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        env_factory: Callable[[], gym.Env],
+        seed_of: Callable[[int], int],
+        timed: Callable[[float], None],
+        n_episodes: int,
+        deterministic: bool = True,
+        max_episode_steps: int | None = None,
+    ):
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        if main_file and not os.path.exists(main_file):
+            raise ValueError(
+                "algorithm.rollout_evaluator.background=process starts a process that imports "
+                f"the main module, and {main_file!r} is not a file (a script read from stdin?): "
+                "save the script to a file, or use background=thread"
+            )
+        self._seed_of, self._timed = seed_of, timed
+        self._pending: tuple[int, torch.nn.Module] | None = None
+        ctx = mp.get_context("spawn")
+        self._cancel = ctx.RawValue("b", 0)  # a flag in shared memory (no named semaphore)
+        template = copy.deepcopy(model).cpu()
+        self._conn, child = ctx.Pipe(duplex=True)
+        self._process = ctx.Process(
+            target=_evaluator_main,
+            name="impala-evaluator",
+            args=(
+                child,
+                pickle.dumps(template),
+                env_factory,
+                {
+                    "n_episodes": n_episodes,
+                    "deterministic": deterministic,
+                    "max_episode_steps": max_episode_steps,
+                },
+                self._cancel,
+            ),
+            daemon=True,
+        )
+        self._process.start()
+        child.close()
+
+    @property
+    def busy(self) -> bool:
+        return self._pending is not None
+
+    def start(self, model: torch.nn.Module, tag: int) -> None:
+        if self._pending is not None:
+            raise RuntimeError("an evaluation is already running")
+        snapshot = copy.deepcopy(model)
+        state = {k: v.detach().cpu() for k, v in snapshot.state_dict().items()}
+        try:
+            self._conn.send((tag, self._seed_of(tag), state))
+        except (BrokenPipeError, ConnectionResetError, OSError) as exc:
+            raise RuntimeError(self._death("the evaluation process is gone")) from exc
+        self._pending = (tag, snapshot)
+
+    def poll(self, wait: bool = False) -> tuple[int, torch.nn.Module, EvaluationResult] | None:
+        """The finished evaluation, or None (none started, or still running and not ``wait``);
+        an error inside the evaluation process is raised here."""
+        if self._pending is None:
+            return None
+        message = self._receive(wait)
+        if message is None:
+            return None
+        tag, snapshot = self._pending
+        self._pending = None
+        kind, result, seconds = message
+        self._timed(seconds)
+        if kind == "error":
+            raise RuntimeError(f"the evaluation process failed:\n{result}")
+        if kind == "cancelled":
+            return None
+        return tag, snapshot, result
+
+    def cancel(self) -> None:
+        """Stop the running evaluation (if any) and wait for the process to say so."""
+        if self._pending is None:
+            return
+        self._cancel.value = 1
+        try:
+            self._pending = None
+            self._receive(wait=True)
+        except RuntimeError:
+            pass  # it died meanwhile: close() reaps it
+        finally:
+            self._cancel.value = 0
+
+    def close(self) -> None:
+        """Stop and join the process: a running evaluation is cancelled first."""
+        if self._process is None:
+            return
+        process, self._process = self._process, None  # type: ignore[assignment]
+        self._cancel.value = 1
+        try:
+            self._conn.send(None)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass
+        process.join(PROCESS_STOP_TIMEOUT_S)
+        if process.is_alive():
+            process.terminate()
+            process.join()
+        self._conn.close()
+        self._pending = None
+
+    def _receive(self, wait: bool) -> tuple[str, Any, float] | None:
+        """The process's answer to the evaluation sent last, or None while it runs (not
+        ``wait``); a process that died without one raises."""
+        while True:
+            if self._conn.poll(1.0 if wait else 0):
+                try:
+                    return self._conn.recv()
+                except (EOFError, ConnectionResetError, OSError) as exc:
+                    raise RuntimeError(self._death("the evaluation process is gone")) from exc
+            if self._process is None or not self._process.is_alive():
+                raise RuntimeError(self._death("the evaluation process died"))
+            if not wait:
+                return None
+
+    def _death(self, what: str) -> str:
+        code = None if self._process is None else self._process.exitcode
+        return f"{what} (exit code {code}) during the evaluation of epoch {self._pending_tag()}"
+
+    def _pending_tag(self) -> int | None:
+        return None if self._pending is None else self._pending[0]
+
+
+def _evaluator_main(
+    conn: Connection,
+    model_bytes: bytes,
+    env_factory: Callable[[], gym.Env],
+    evaluate_kwargs: dict[str, Any],
+    cancel: Any,
+) -> None:
+    """The evaluation process: each message ``(tag, seed, state_dict)`` is evaluated and
+    answered with ``("done", result, seconds)`` (``"cancelled"``, ``"error"`` with the
+    traceback); ``None`` ends it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner's process handles Ctrl-C
+    torch.set_num_threads(1)
+
+    def check_cancel(module: torch.nn.Module, inputs: Any) -> None:
+        if cancel.value:
+            raise EvaluationCancelled
+
+    try:
+        model = pickle.loads(model_bytes)
+        for module in model.modules():
+            module.register_forward_pre_hook(check_cancel)
+        while True:
+            message = conn.recv()
+            if message is None:
+                break
+            _tag, seed, state = message
+            t0 = time.perf_counter()
+            try:
+                model.load_state_dict(state)
+                result = evaluate(model, env_factory, seed=seed, **evaluate_kwargs)
+                conn.send(("done", result, time.perf_counter() - t0))
+            except EvaluationCancelled:
+                conn.send(("cancelled", None, time.perf_counter() - t0))
+            except Exception as exc:  # the learner raises it from poll()
+                text = "".join(traceback.format_exception(exc))
+                conn.send(("error", text, time.perf_counter() - t0))
+    except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        pass  # the learner is gone or stopping us

@@ -39,6 +39,7 @@ from impala_rl.envs import EnvError
 from impala_rl.evaluation import (
     BackgroundEvaluator,
     EvaluationResult,
+    ProcessEvaluator,
     evaluate,
 )
 from impala_rl.events import ImpalaEvents, RunEvents
@@ -279,33 +280,37 @@ class Trainer:
         except BaseException:
             self._release_run_dir()
             raise
-        cfg, c = self.cfg, self.counters
+        c = self.counters
         self._stop_flag = {"stop": False, "in_step": False, "abort": False, "closing": False}
         stopped_because: str | None = None
         error: BaseException | None = None
         member = self.group_member
         if member is not None and not self.is_leader:  # its actors start from the leader's weights
             member.join(self.learner)
-        actors = make_actors(
-            self._actors_config(),
-            self.env_factory,
-            self.learner.model,
-            self._actor_seed(),
-            self.device,
-        )
+        # evaluated meanwhile (leader only); a process is started first: its imports overlap
+        self.evaluator = self._background_evaluator()
+        try:
+            actors = make_actors(
+                self._actors_config(),
+                self.env_factory,
+                self.learner.model,
+                self._actor_seed(),
+                self.device,
+            )
+        except BaseException:
+            if self.evaluator is not None:
+                self.evaluator.close()
+            raise
         actors.policy_version = self.learner.num_updates
         self.recent_returns: deque[float] = deque(self._restored_recent_returns, maxlen=100)
         self._start_wall = time.perf_counter() - c.wall_time_s
         self._follow_schedules()
-        self.evaluator: BackgroundEvaluator | None = None
         self._background_epoch = -1  # the epoch whose weights were last sent to be evaluated
         self._last_epoch_stats: dict[str, float] = {}
         # max_time_share: seconds spent evaluating since this process started the run, and the
         # last evaluation's length (a thread's, in the background)
         self._session_start = time.perf_counter()
         self._eval_time_s = self._last_eval_s = 0.0
-        if cfg.algorithm.rollout_evaluator.background and self.is_leader:
-            self.evaluator = BackgroundEvaluator(self._timed_evaluate)
         watch = self._signal_watch(actors)
         with watch:  # until every process this learner started is stopped
             try:
@@ -323,7 +328,7 @@ class Trainer:
                     self._try_final_checkpoint()
             finally:
                 if self.evaluator is not None:
-                    self.evaluator.cancel()
+                    self.evaluator.close()
                 try:  # the other learners first: their actors may need this learner's Ray
                     if member is not None:
                         member.leave(error is not None or stopped_because == "interrupted")
@@ -573,18 +578,43 @@ class Trainer:
         for lag in stats.policy_lag:
             ev.policy_lag(lag)
 
+    def _background_evaluator(self) -> BackgroundEvaluator | ProcessEvaluator | None:
+        """The leader's evaluator under ``rollout_evaluator.background`` (None: in the pause)."""
+        ev_cfg = self.cfg.algorithm.rollout_evaluator
+        if not ev_cfg.background or not self.is_leader:
+            return None
+        if ev_cfg.background == "process":
+            return ProcessEvaluator(
+                self.learner.model,
+                self.eval_env_factory,
+                self._eval_seed,
+                self._count_eval_time,
+                n_episodes=ev_cfg.n_episodes,
+                deterministic=ev_cfg.deterministic,
+                max_episode_steps=ev_cfg.max_episode_steps,
+            )
+        return BackgroundEvaluator(self._timed_evaluate)
+
+    def _eval_seed(self, epoch: int) -> int:
+        """The evaluation seed of the weights of ``epoch``: drawn from the run's seed."""
+        return int(np.random.SeedSequence([self.cfg.seed, 1, epoch]).generate_state(1)[0])
+
     def _evaluate(self, model: torch.nn.Module, epoch: int) -> EvaluationResult:
         """Evaluate ``model``, with evaluation seeds drawn from the epoch it is from."""
-        cfg, ev_cfg = self.cfg, self.cfg.algorithm.rollout_evaluator
-        seed = int(np.random.SeedSequence([cfg.seed, 1, epoch]).generate_state(1)[0])
+        ev_cfg = self.cfg.algorithm.rollout_evaluator
         return evaluate(
             model,  # type: ignore[arg-type]
             self.eval_env_factory,
             ev_cfg.n_episodes,
             deterministic=ev_cfg.deterministic,
-            seed=seed,
+            seed=self._eval_seed(epoch),
             max_episode_steps=ev_cfg.max_episode_steps,
         )
+
+    def _count_eval_time(self, seconds: float) -> None:
+        """An evaluation's length, counted for ``rollout_evaluator.max_time_share``."""
+        self._last_eval_s = seconds
+        self._eval_time_s += seconds
 
     def _timed_evaluate(self, model: torch.nn.Module, epoch: int) -> EvaluationResult:
         """:meth:`_evaluate`, its time counted for ``rollout_evaluator.max_time_share``."""
@@ -592,8 +622,7 @@ class Trainer:
         try:
             return self._evaluate(model, epoch)
         finally:
-            self._last_eval_s = time.perf_counter() - t0
-            self._eval_time_s += self._last_eval_s
+            self._count_eval_time(time.perf_counter() - t0)
 
     def _evaluation_due(self, final: bool) -> bool:
         share = self.cfg.algorithm.rollout_evaluator.max_time_share
