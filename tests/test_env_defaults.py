@@ -77,7 +77,7 @@ def test_no_preset_runs_the_any_env_preset_not_cartpoles_settings():
     assert cfg.algorithm.num_passes == any_env.algorithm.num_passes > 1
     assert cfg.algorithm.lr == any_env.algorithm.lr != cartpole.algorithm.lr
     ev = cfg.algorithm.rollout_evaluator
-    assert ev.background and ev.max_time_share == 0.1
+    assert ev.background == "process" and ev.max_time_share == 0.1
     assert cfg.algorithm.patience == 0 and cfg.max_env_steps == 1_000_000
     assert cfg.model.encoder == "mlp"
 
@@ -387,12 +387,12 @@ def test_without_a_preset_the_cli_says_what_it_chose(tmp_path):
     assert (
         "no preset of its family: the any_env preset for scripted_envs:make_env (discrete "
         "actions, vector observations); no target_return (the env spec has no "
-        "reward_threshold); evaluation at most 10% of the time in the background" in stderr
+        "reward_threshold); evaluation at most 10% of the time in a process of its own" in stderr
     )
     # What it said is what ran: the run's config (that a resume reads) holds the choice. That
     # a background evaluation does not hold training up is shown, with events rather than
     # wall-time shares, by test_background_evaluation_keeps_the_evaluated_snapshot_as_best.
     evaluator = OmegaConf.load(run_dir / "config.yaml").algorithm.rollout_evaluator
-    assert evaluator.background is True and evaluator.max_time_share == 0.1
+    assert evaluator.background == "process" and evaluator.max_time_share == 0.1
     rows = load_metrics(run_dir)
     assert any("eval_return/mean" in row for row in rows)

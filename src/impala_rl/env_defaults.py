@@ -18,7 +18,7 @@ observation normalization where there are vectors to normalize. On top, for ever
 
 - ``target_return``: the env's Gymnasium ``spec.reward_threshold`` where it defines one, else
   ``null`` (no early stop), never another env's target;
-- for ``any_env``: evaluation in the background, at most ~10% of the wall time
+- for ``any_env``: evaluation in a process of its own, at most ~10% of the wall time
   (``rollout_evaluator.max_time_share``), the final weights evaluated at the end;
   ``patience: 0`` and a budget of 1M env steps (``max_env_steps`` overrides it); and where one
   step of the env costs :data:`SLOW_STEP_S` or more (timed on the probe), ``env.vector=async``:
@@ -231,7 +231,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         derived += [
             f"max_env_steps={MAX_ENV_STEPS}",
             "algorithm.patience=0",
-            "algorithm.rollout_evaluator.background=true",
+            "algorithm.rollout_evaluator.background=process",
             f"algorithm.rollout_evaluator.max_time_share={EVAL_TIME_SHARE}",
         ]
         if slow:
