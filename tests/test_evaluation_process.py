@@ -148,3 +148,11 @@ def test_an_unknown_background_evaluation_is_refused_naming_the_field():
     for value, kept in (("true", True), ("false", False), ("thread", "thread")):
         cfg = load_config("cartpole", [f"algorithm.rollout_evaluator.background={value}"])
         assert cfg.algorithm.rollout_evaluator.background == kept
+
+
+def test_a_model_that_does_not_pickle_is_refused_naming_the_field():
+    model, factory = _cartpole()
+    model.not_picklable = lambda: None  # e.g. a closure kept on the user's network
+    with pytest.raises(ValueError, match=r"background=process .* does not pickle"):
+        ProcessEvaluator(model, factory, lambda t: t, lambda s: None, n_episodes=1)
+    assert _children_left() == []

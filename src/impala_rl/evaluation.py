@@ -238,14 +238,22 @@ class ProcessEvaluator:
         self._pending: tuple[int, torch.nn.Module] | None = None
         ctx = mp.get_context("spawn")
         self._cancel = ctx.RawValue("b", 0)  # a flag in shared memory (no named semaphore)
-        template = copy.deepcopy(model).cpu()
+        try:
+            model_bytes = pickle.dumps(copy.deepcopy(model).cpu())
+            pickle.dumps(env_factory)
+        except Exception as exc:
+            raise ValueError(
+                "algorithm.rollout_evaluator.background=process sends the model and the env "
+                f"factory to a process, and one does not pickle ({type(exc).__name__}: {exc}); "
+                "use background=thread"
+            ) from exc
         self._conn, child = ctx.Pipe(duplex=True)
         self._process = ctx.Process(
             target=_evaluator_main,
             name="impala-evaluator",
             args=(
                 child,
-                pickle.dumps(template),
+                model_bytes,
                 env_factory,
                 {
                     "n_episodes": n_episodes,
