@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import subprocess
+import sys
 import time
 
 import gymnasium as gym
@@ -155,4 +157,33 @@ def test_a_model_that_does_not_pickle_is_refused_naming_the_field():
     model.not_picklable = lambda: None  # e.g. a closure kept on the user's network
     with pytest.raises(ValueError, match=r"background=process .* does not pickle"):
         ProcessEvaluator(model, factory, lambda t: t, lambda s: None, n_episodes=1)
+    assert _children_left() == []
+
+
+def test_a_script_from_stdin_is_refused_naming_the_setting_before_training(tmp_path):
+    """The evaluation process imports the main module; a piped script has no file to import."""
+    script = (
+        "import impala_rl\n"
+        "impala_rl.train('cartpole', ['algorithm.rollout_evaluator.background=process', "
+        f"'max_env_steps=512', 'log.console=false'], run_dir={str(tmp_path / 'run')!r})\n"
+    )
+    done = subprocess.run(
+        [sys.executable], input=script, capture_output=True, text=True, timeout=DEADLINE_S
+    )
+    assert done.returncode != 0
+    assert "is not a file (a script read from stdin?)" in done.stderr
+    assert "background=thread" in done.stderr
+
+
+def test_an_evaluation_sent_to_a_dead_process_names_its_epoch():
+    model, factory = _cartpole()
+    evaluator = ProcessEvaluator(model, factory, lambda t: t, lambda s: None, n_episodes=1)
+    try:
+        evaluator._process.kill()
+        evaluator._process.join(DEADLINE_S)
+        with pytest.raises(RuntimeError, match="evaluation of epoch 7"):
+            evaluator.start(model, 7)  # refused here, or the answer that never comes is
+            evaluator.poll(wait=True)
+    finally:
+        evaluator.close()
     assert _children_left() == []

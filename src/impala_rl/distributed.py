@@ -306,6 +306,14 @@ def _main_file() -> str:
     return f" ({path})" if path else ""
 
 
+def main_file_missing() -> str | None:
+    """The main module's path when it names no file (a script read from stdin), else None: a
+    process started with ``spawn`` or ``forkserver`` imports the main module from its file and
+    would fail there, so whoever starts one refuses first."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return path if path and not os.path.exists(path) else None
+
+
 def check_not_importing_main() -> None:
     """Refuse to start a run in a process that ``multiprocessing`` is still starting.
 

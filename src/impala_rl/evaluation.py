@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import copy
 import multiprocessing as mp
-import os
 import pickle
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -21,6 +19,7 @@ import numpy as np
 import torch
 
 from impala_rl.decisions import DecisionStreams, LocalActing
+from impala_rl.distributed import main_file_missing
 from impala_rl.envs import make_keyed_vector_env
 from impala_rl.nn import Model
 from impala_rl.nn.observations import as_obs
@@ -227,8 +226,8 @@ class ProcessEvaluator:
         deterministic: bool = True,
         max_episode_steps: int | None = None,
     ):
-        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-        if main_file and not os.path.exists(main_file):
+        main_file = main_file_missing()
+        if main_file:
             raise ValueError(
                 "algorithm.rollout_evaluator.background=process starts a process that imports "
                 f"the main module, and {main_file!r} is not a file (a script read from stdin?): "
@@ -279,7 +278,7 @@ class ProcessEvaluator:
         try:
             self._conn.send((tag, self._seed_of(tag), state))
         except (BrokenPipeError, ConnectionResetError, OSError) as exc:
-            raise RuntimeError(self._death("the evaluation process is gone")) from exc
+            raise RuntimeError(self._death("the evaluation process is gone", tag)) from exc
         self._pending = (tag, snapshot)
 
     def poll(self, wait: bool = False) -> tuple[int, torch.nn.Module, EvaluationResult] | None:
@@ -344,12 +343,11 @@ class ProcessEvaluator:
             if not wait:
                 return None
 
-    def _death(self, what: str) -> str:
+    def _death(self, what: str, tag: int | None = None) -> str:
         code = None if self._process is None else self._process.exitcode
-        return f"{what} (exit code {code}) during the evaluation of epoch {self._pending_tag()}"
-
-    def _pending_tag(self) -> int | None:
-        return None if self._pending is None else self._pending[0]
+        if tag is None and self._pending is not None:
+            tag = self._pending[0]
+        return f"{what} (exit code {code}) during the evaluation of epoch {tag}"
 
 
 def _evaluator_main(

@@ -35,7 +35,6 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -59,6 +58,7 @@ from impala_rl.actors.supervisor import (
     ActorEvent,
     ActorSupervisor,
 )
+from impala_rl.distributed import main_file_missing
 from impala_rl.rollout import ActorLoop, RolloutSpec
 
 log = logging.getLogger(__name__)
@@ -257,8 +257,8 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
                 threading.active_count(),
             )
             self.start_method = "forkserver"
-        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-        if self.start_method != "fork" and main_file and not os.path.exists(main_file):
+        main_file = main_file_missing()
+        if self.start_method != "fork" and main_file:
             raise ActorError(
                 f"runner.start_method={self.start_method} actor processes import the main "
                 f"module, and {main_file!r} is not a file (a script read from stdin?): save "
