@@ -182,7 +182,7 @@ def test_an_evaluation_sent_to_a_dead_process_names_its_epoch():
         evaluator._process.kill()
         evaluator._process.join(DEADLINE_S)
         with pytest.raises(RuntimeError, match="evaluation of epoch 7"):
-            evaluator.start(model, 7)  # refused here, or the answer that never comes is
+            evaluator.start(model, 7)  # refused here, or by poll when no answer comes
             evaluator.poll(wait=True)
     finally:
         evaluator.close()

@@ -286,10 +286,10 @@ class ProcessEvaluator:
         an error inside the evaluation process is raised here."""
         if self._pending is None:
             return None
-        message = self._receive(wait)
+        tag, snapshot = self._pending
+        message = self._receive(wait, tag)
         if message is None:
             return None
-        tag, snapshot = self._pending
         self._pending = None
         kind, result, seconds = message
         self._timed(seconds)
@@ -305,8 +305,8 @@ class ProcessEvaluator:
             return
         self._cancel.value = 1
         try:
-            self._pending = None
-            self._receive(wait=True)
+            tag, self._pending = self._pending[0], None
+            self._receive(True, tag)
         except RuntimeError:
             pass  # it died meanwhile: close() reaps it
         finally:
@@ -329,24 +329,22 @@ class ProcessEvaluator:
         self._conn.close()
         self._pending = None
 
-    def _receive(self, wait: bool) -> tuple[str, Any, float] | None:
-        """The process's answer to the evaluation sent last, or None while it runs (not
-        ``wait``); a process that died without one raises."""
+    def _receive(self, wait: bool, tag: int) -> tuple[str, Any, float] | None:
+        """The process's answer to the evaluation of epoch ``tag`` (the one sent last), or
+        None while it runs (not ``wait``); a process that died without one raises."""
         while True:
             if self._conn.poll(1.0 if wait else 0):
                 try:
                     return self._conn.recv()
                 except (EOFError, ConnectionResetError, OSError) as exc:
-                    raise RuntimeError(self._death("the evaluation process is gone")) from exc
+                    raise RuntimeError(self._death("the evaluation process is gone", tag)) from exc
             if self._process is None or not self._process.is_alive():
-                raise RuntimeError(self._death("the evaluation process died"))
+                raise RuntimeError(self._death("the evaluation process died", tag))
             if not wait:
                 return None
 
-    def _death(self, what: str, tag: int | None = None) -> str:
+    def _death(self, what: str, tag: int) -> str:
         code = None if self._process is None else self._process.exitcode
-        if tag is None and self._pending is not None:
-            tag = self._pending[0]
         return f"{what} (exit code {code}) during the evaluation of epoch {tag}"
 
 
