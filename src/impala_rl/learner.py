@@ -11,6 +11,7 @@ the target moves towards the trained weights every ``target_update_frequency`` s
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -30,6 +31,7 @@ from impala_rl.config import (
 from impala_rl.distributed import LearnerGroup
 from impala_rl.nn import Model
 from impala_rl.nn.observations import Obs, map_obs, read_obs
+from impala_rl.nn.popart import sigma_of
 from impala_rl.rollout import columns
 
 STEP_TARGETS = "vs"  # the field that marks a block of decisions with its targets (step_blocks)
@@ -349,6 +351,35 @@ def capture_refusal(model: Model, device: torch.device, group: LearnerGroup | No
     return None
 
 
+COMPILE_MIN_STEPS = 10_000  # optimizer steps that win back a ~20-30 s compile on an MLP
+
+
+def compile_refusal(model: Model, device: torch.device, group: LearnerGroup | None) -> str | None:
+    """Why an update on ``device`` is not compiled (``algorithm.compile_update``; ``None``:
+    it can be). Compiled is the one step key's forward, V-trace, losses and backward (its
+    autograd traced into the program); rows picked by data, a core cut where episodes start
+    and gradients exchanged in mid-update would break the program into pieces, and a GPU
+    learner has the captured update (``algorithm.cuda_graph``)."""
+    if device.type != "cpu":
+        return "the learner is not on a CPU"
+    if group is not None:
+        return "several learners average gradients in mid-update"
+    if len(model.step_keys) != 1:
+        return "a structured env's step keys pick rows by data"
+    if model.core is not None:
+        return "the LSTM core cuts its sequence where episodes start, read on the host"
+    if getattr(model, "precision", "fp32") != "fp32":
+        return "bf16 autocast"
+    return None
+
+
+def compile_pays(model: Model, planned_steps: float) -> bool:
+    """``compile_update=null``'s rule: a model without convolutions (whose step is mostly
+    per-op overhead) over at least :data:`COMPILE_MIN_STEPS` optimizer steps."""
+    convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    return not convolutions and planned_steps >= COMPILE_MIN_STEPS
+
+
 @dataclass
 class _Captured:
     """One batch shape's static inputs, the gradients its backward writes, the graph (``None``
@@ -435,6 +466,7 @@ class Learner:
         device: torch.device | str = "cpu",
         group: LearnerGroup | None = None,
         capture: bool | None = None,
+        planned_steps: float = math.inf,
     ):
         self.device = torch.device(device)
         # Several learners: gradients and update statistics averaged over the group.
@@ -474,6 +506,14 @@ class Learner:
         if capture is None and not cfg.cuda_graph:
             self.capture = False
         self._graph: UpdateGraph | None = None
+        # The update compiled (torch.compile): wanted by the setting, or for null by the run's
+        # ``planned_steps`` (optimizer steps); ``compiled`` is decided at the first update
+        wanted = cfg.compile_update
+        if wanted is None:
+            wanted = compile_pays(model, planned_steps)
+        self.compiled: bool | None = None if wanted else False
+        self._compiled: Any = None
+        self._entropy_coef_tensor = torch.zeros((), device=self.device)
         # appo: optimizer steps since the target last moved. Counted here, not from
         # ``num_updates``: a resume that changes the steps per batch must still move the target
         # at each batch's end (the checkpoint keeps it, see ``target_state``).
@@ -630,8 +670,9 @@ class Learner:
         ``fresh=False``: a further pass over the same batch (its observations are already in
         the normalization statistics).
 
-        With a captured update (:class:`UpdateGraph`) the forward, losses and backward run as
-        one graph and are timed together as ``backprob``.
+        With a captured update (:class:`UpdateGraph`) or a compiled one
+        (``algorithm.compile_update``) the forward, losses and backward run as one program and
+        are timed together as ``backprob``.
         """
         t0 = time.perf_counter()
         _check_observations(batch)
@@ -642,13 +683,20 @@ class Learner:
         # burn-in stays eager: its policy parameters get no gradient, so the optimizer leaves
         # them and their state alone (a graph would give them zeros)
         graph = self._update_graph() if train_policy else None
-        if graph is None:
+        compiled = self._compiled_update() if train_policy and graph is None else None
+        if graph is not None:
+            t1 = t2 = time.perf_counter()
+            layout, packed = graph.run(batch, self.entropy_coef)
+        elif compiled is not None:
+            t1 = t2 = time.perf_counter()
+            self.optimizer.zero_grad(set_to_none=True)
+            self._entropy_coef_tensor.fill_(self.entropy_coef)  # a new value needs no compile
+            with _tracing_autograd():
+                layout, packed = compiled(batch, self._entropy_coef_tensor)
+        else:
             marks: list[float] = []
             layout, packed = self._compute(batch, train_policy, self.entropy_coef, marks)
             t1, t2 = marks
-        else:
-            t1 = t2 = time.perf_counter()
-            layout, packed = graph.run(batch, self.entropy_coef)
         figures, lag = _to_host(layout, packed, self.num_updates - batch["policy_version"])
         self._step(figures)
         self._follow_target()
@@ -682,6 +730,15 @@ class Learner:
             self.capture = self._graph is not None
         return self._graph
 
+    def _compiled_update(self) -> Any:
+        """The compiled update (``algorithm.compile_update``), decided at the first update
+        (the group joins after construction): ``None`` when eager."""
+        if self.compiled is None:
+            self.compiled = compile_refusal(self.model, self.device, self.group) is None
+            if self.compiled:
+                self._compiled = torch.compile(self._compute_captured, dynamic=False)
+        return self._compiled
+
     def _compute_captured(
         self, batch: dict[str, torch.Tensor], entropy_coef: torch.Tensor
     ) -> tuple[Layout, torch.Tensor]:
@@ -710,7 +767,7 @@ class Learner:
             decided = slice(0, -1)
             vt = self._targets(batch, out, target_log_prob)
         rows_of, critic_rows = self._key_rows(batch, decided)
-        pg_advantages, value_loss_scale, popart_old = self._popart_step(vt, critic_rows)
+        pg_advantages, value_loss_scale, popart_new = self._popart_step(vt, critic_rows)
         if self.cfg.normalize_advantages:
             pg_advantages = losses.normalize_advantages(pg_advantages)
         pg_loss, ent_loss, value_loss, total = self._losses(
@@ -727,7 +784,7 @@ class Learner:
         )
         if marks is not None:
             marks.append(time.perf_counter())
-        norms = self._backward(total, popart_old, pg_loss, value_loss, zero_grad)
+        norms = self._backward(total, popart_new, pg_loss, value_loss, zero_grad)
         rho_bar = self.cfg.vtrace_clip_rho_threshold
         rhos = {k: _rows(vt.rhos, rows_of[k]) for k in pg_loss}
         values = out.value[decided].detach()
@@ -812,23 +869,26 @@ class Learner:
         self, vt: vtrace.VTraceReturns, critic_rows: dict[int, torch.Tensor | None]
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor | float], dict[int, Any]]:
         """PopArt: each critic's statistics move towards its targets; both losses of its rows
-        are then on its normalized scale (advantages / sigma, value loss / sigma^2). Returns the
-        advantages, each critic's value-loss scale and the statistics before the move."""
+        are then on its normalized scale (advantages / sigma, value loss / sigma^2) with the
+        moved sigma. Returns the advantages, each critic's value-loss scale and its moved
+        statistics ``(mu, nu)``, which the heads take after the backward (:meth:`_backward`):
+        nothing the forward read changes before its gradient is taken."""
         pg_advantages = vt.pg_advantages
         value_loss_scale: dict[int, torch.Tensor | float] = {c: 1.0 for c in critic_rows}
-        popart_old = {}
+        popart_new = {}
         all_sum = self.group.sum_tensor if self.group is not None else None
         for c, head in self._popart.items():
             rows = critic_rows[c]
             if rows is not None and not bool(rows.any()) and all_sum is None:
                 continue
-            popart_old[c] = head.update_statistics(_rows(vt.vs, rows), all_sum)
+            popart_new[c] = head.moved_statistics(_rows(vt.vs, rows), all_sum)
+            sigma = sigma_of(*popart_new[c])
             if rows is None:
-                pg_advantages = pg_advantages / head.sigma
+                pg_advantages = pg_advantages / sigma
             else:
-                pg_advantages = torch.where(rows, pg_advantages / head.sigma, pg_advantages)
-            value_loss_scale[c] = head.sigma.pow(-2)
-        return pg_advantages, value_loss_scale, popart_old
+                pg_advantages = torch.where(rows, pg_advantages / sigma, pg_advantages)
+            value_loss_scale[c] = sigma.pow(-2)
+        return pg_advantages, value_loss_scale, popart_new
 
     def _losses(
         self,
@@ -880,21 +940,22 @@ class Learner:
     def _backward(
         self,
         total: torch.Tensor,
-        popart_old: dict[int, Any],
+        popart_new: dict[int, tuple[torch.Tensor, torch.Tensor]],
         pg_loss: dict,
         value_loss: dict,
         zero_grad: bool = True,
     ) -> dict[str, dict[int, torch.Tensor]]:
-        """Backward, PopArt's output preservation, gradient norms and clipping. Returns the
-        policy and critic gradient norms and the global one (pre-clip), on the device.
+        """Backward, PopArt's moved statistics taken (outputs preserved), gradient norms and
+        clipping. Returns the policy and critic gradient norms and the global one (pre-clip),
+        on the device.
         ``zero_grad=False``: the caller set the gradients to ``None`` (a captured update)."""
         if zero_grad:
             self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         if self.group is not None:
             self.group.average_gradients(self._params)
-        for c, old in popart_old.items():  # after the backward: the graph holds the old layer
-            self._popart[c].preserve_outputs(*old)
+        for c, moved in popart_new.items():  # after the backward: the graph holds the old layer
+            self._popart[c].set_statistics(*moved)
         groups = self._norm_groups
         total_norm, norms = gradient_norms(
             self._params,
@@ -933,6 +994,16 @@ class Learner:
         if self.steps_since_target >= self.target_update_frequency:
             self.sync_target(self.cfg.target_tau)
             self.steps_since_target = 0
+
+
+def _tracing_autograd() -> Any:
+    """While compiling: the backward traced into the update's program (with the forward, one
+    fused program instead of two and the eager autograd engine between them); a PyTorch
+    without the setting compiles the forward and backward as two programs."""
+    config = torch._dynamo.config
+    if hasattr(config, "trace_autograd_ops"):
+        return config.patch(trace_autograd_ops=True)
+    return contextlib.nullcontext()
 
 
 def _check_observations(batch: dict[str, torch.Tensor]) -> None:

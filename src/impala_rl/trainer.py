@@ -30,6 +30,7 @@ from impala_rl.config import (
     RunConfig,
     broadcasts_after,
     check_num_minibatches,
+    planned_optimizer_steps,
     steps_per_batch,
     to_dict,
     to_yaml,
@@ -141,7 +142,7 @@ class Trainer:
         model = probe.model
         alg = cfg.algorithm
         check_num_minibatches(alg, alg.actors_batch_size * alg.envs_per_actor * model.n_agents)
-        self.learner = Learner(model, alg, self.device)
+        self.learner = Learner(model, alg, self.device, planned_steps=planned_optimizer_steps(cfg))
         self.checkpoint_dir = self.run_dir / "checkpoints"
         if self.resume:
             self._load_last()

@@ -4,7 +4,8 @@ Hessel et al. 2019 for IMPALA).
 The linear layer predicts a normalized value ``n(x)``; the head returns ``sigma * n(x) + mu``,
 so everything that reads values (V-trace, truncation bootstraps, evaluation) sees returns on
 the env's scale. The learner moves ``mu`` and ``sigma`` towards the first and second moments of
-the V-trace targets (:meth:`update_statistics`) and then rescales the layer so that its
+the V-trace targets (:meth:`moved_statistics`, taken after the backward by
+:meth:`set_statistics`) and then rescales the layer so that its
 unnormalized outputs are exactly what they were (:meth:`preserve_outputs`): the statistics
 change what the layer learns, never what the policy sees. The learner trains the layer on
 normalized targets and divides the policy-gradient advantages by ``sigma``, so a rescaled
@@ -20,6 +21,11 @@ from torch import Tensor, nn
 
 SIGMA_MIN = 1e-4
 SIGMA_MAX = 1e6
+
+
+def sigma_of(mu: Tensor, nu: Tensor) -> Tensor:
+    """The standard deviation of statistics with first moment ``mu`` and second ``nu``."""
+    return (nu - mu.pow(2)).clamp(SIGMA_MIN**2, SIGMA_MAX**2).sqrt()
 
 
 class PopArtValueHead(nn.Module):
@@ -38,30 +44,50 @@ class PopArtValueHead(nn.Module):
 
     @property
     def sigma(self) -> Tensor:
-        return (self.nu - self.mu.pow(2)).clamp(SIGMA_MIN**2, SIGMA_MAX**2).sqrt()
+        return sigma_of(self.mu, self.nu)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear(x) * self.sigma + self.mu
 
     @torch.no_grad()
-    def update_statistics(
+    def moved_statistics(
         self, targets: Tensor, all_sum: Callable[[Tensor], Tensor] | None = None
     ) -> tuple[Tensor, Tensor]:
-        """Move ``mu``, ``nu`` by ``beta`` towards the moments of ``targets``; returns the old
-        ``(mu, sigma)`` for :meth:`preserve_outputs`.
+        """``(mu, nu)`` moved by ``beta`` towards the moments of ``targets``, as new tensors:
+        the head's own stay until :meth:`set_statistics`, so an update's graph never sees
+        its inputs change between its forward and its backward (nor reads the host).
 
         ``all_sum`` (several learners) sums a tensor over the learners: the moments are then
         those of every learner's targets together (no move when none has any)."""
-        old = (self.mu.clone(), self.sigma.clone())
         t = targets.detach().float()
         if all_sum is None:
-            self.mu.lerp_(t.mean(), self.beta)
-            self.nu.lerp_(t.pow(2).mean(), self.beta)
-            return old
+            return self.mu.lerp(t.mean(), self.beta), self.nu.lerp(t.pow(2).mean(), self.beta)
         sums = all_sum(torch.stack([t.sum(), t.pow(2).sum(), t.new_tensor(t.numel())]))
-        if sums[2] > 0:
-            self.mu.lerp_(sums[0] / sums[2], self.beta)
-            self.nu.lerp_(sums[1] / sums[2], self.beta)
+        count = sums[2].clamp(min=1)
+        any_rows = sums[2] > 0
+        mu = torch.where(any_rows, self.mu.lerp(sums[0] / count, self.beta), self.mu)
+        nu = torch.where(any_rows, self.nu.lerp(sums[1] / count, self.beta), self.nu)
+        return mu, nu
+
+    @torch.no_grad()
+    def set_statistics(self, mu: Tensor, nu: Tensor) -> None:
+        """Take the statistics ``(mu, nu)`` (:meth:`moved_statistics`) and rescale the layer
+        so that its unnormalized outputs stay what they were (:meth:`preserve_outputs`)."""
+        old_mu, old_sigma = self.mu.clone(), self.sigma
+        self.mu.copy_(mu)
+        self.nu.copy_(nu)
+        self.preserve_outputs(old_mu, old_sigma)
+
+    @torch.no_grad()
+    def update_statistics(
+        self, targets: Tensor, all_sum: Callable[[Tensor], Tensor] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Move ``mu``, ``nu`` in place (:meth:`moved_statistics`); returns the old
+        ``(mu, sigma)`` for :meth:`preserve_outputs`."""
+        old = (self.mu.clone(), self.sigma.clone())
+        mu, nu = self.moved_statistics(targets, all_sum)
+        self.mu.copy_(mu)
+        self.nu.copy_(nu)
         return old
 
     @torch.no_grad()
