@@ -314,6 +314,28 @@ def test_the_console_says_which_family_chose_the_settings(caplog):
     assert "the minigrid preset (MiniGrid env)" in caplog.text
 
 
+@pytest.mark.parametrize(
+    "overrides, compiled",
+    [
+        (["max_env_steps=100000"], True),  # 15,625 optimizer steps win the compile back
+        (["max_env_steps=20000"], False),  # 3,125 do not
+        (["max_env_steps=100000", "algorithm.compile_update=false"], False),
+        (["max_env_steps=20000", "algorithm.compile_update=true"], True),
+    ],
+)
+def test_the_console_says_when_an_mlps_update_is_compiled(caplog, overrides, compiled):
+    with caplog.at_level("INFO"):
+        cfg = resolve_config(None, ["env.id=impala_rl.envs.samples:PointGoal", *overrides])
+    assert ("the update compiled" in caplog.text) == compiled
+    assert cfg.algorithm.compile_update in (None, compiled)
+
+
+def test_a_pixel_envs_update_is_not_said_compiled(caplog):
+    with caplog.at_level("INFO"):
+        resolve_config(None, ["env.id=impala_rl.envs.samples:Catch", "max_env_steps=1000000"])
+    assert "the update compiled" not in caplog.text
+
+
 # -- the evaluation schedule ---------------------------------------------------------------------
 
 

@@ -41,11 +41,13 @@ import gymnasium as gym
 import numpy as np
 
 from impala_rl.config import (
+    COMPILE_MIN_STEPS,
     RunConfig,
     check_rules,
     decay_horizon,
     load_config,
     merge_config,
+    planned_optimizer_steps,
     user_file_keys,
 )
 from impala_rl.envs import EnvFactory
@@ -286,6 +288,10 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         backend += f", {cfg.runner.learner_threads} learner threads for the CNN"
     if slow and cfg.env.vector == "async":
         backend += f", each env in its own process (a step takes {step_s * 1e3:.1f} ms)"
+    steps = planned_optimizer_steps(cfg)
+    mlp_pays = not images and steps >= COMPILE_MIN_STEPS and cfg.model.core == "none"
+    if a.compile_update or (a.compile_update is None and mlp_pays):
+        backend += ", the update compiled (torch.compile)"
     line = (
         f"{chosen} for {env_cfg.id} ({spaces}); {target}; {evaluation}; "
         f"{cfg.model.encoder} encoder, {a.policy_loss} loss, {reuse}{lr}, "

@@ -23,6 +23,7 @@ import torch
 
 from impala_rl import losses, vtrace
 from impala_rl.config import (
+    COMPILE_MIN_STEPS,
     ImpalaAlgorithmConfig,
     check_num_minibatches,
     decay_horizon,
@@ -351,9 +352,6 @@ def capture_refusal(model: Model, device: torch.device, group: LearnerGroup | No
     return None
 
 
-COMPILE_MIN_STEPS = 10_000  # optimizer steps that win back a ~20-30 s compile on an MLP
-
-
 def compile_refusal(model: Model, device: torch.device, group: LearnerGroup | None) -> str | None:
     """Why an update on ``device`` is not compiled (``algorithm.compile_update``; ``None``:
     it can be). Compiled is the one step key's forward, V-trace, losses and backward (its
@@ -375,7 +373,8 @@ def compile_refusal(model: Model, device: torch.device, group: LearnerGroup | No
 
 def compile_pays(model: Model, planned_steps: float) -> bool:
     """``compile_update=null``'s rule: a model without convolutions (whose step is mostly
-    per-op overhead) over at least :data:`COMPILE_MIN_STEPS` optimizer steps."""
+    per-op overhead) over at least :data:`~impala_rl.config.COMPILE_MIN_STEPS` optimizer
+    steps."""
     convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
     return not convolutions and planned_steps >= COMPILE_MIN_STEPS
 
