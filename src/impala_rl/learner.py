@@ -331,44 +331,42 @@ def _to_host(
     return figures, [round(x) for x in values[len(layout) :]]
 
 
-def capture_refusal(model: Model, device: torch.device, group: LearnerGroup | None) -> str | None:
-    """Why an update on ``device`` cannot be captured as one CUDA graph (``None``: it can).
-    The graph holds one step key's forward, V-trace, losses and backward without a host
-    read; several keys pick rows by data, PopArt and several learners read or exchange
-    figures in mid-update, the core splits its sequence by data, and bf16 autocast keeps a
-    cast cache across calls."""
-    if device.type != "cuda":
-        return "the learner is not on a GPU"
+def _one_program_refusal(model: Model, group: LearnerGroup | None) -> str | None:
+    """Why an update cannot run as one program (a CUDA graph or a compiled one) on any
+    device: several keys pick rows by data, several learners exchange gradients in
+    mid-update, the core splits its sequence by data read on the host, and bf16 autocast
+    keeps a cast cache across calls."""
     if group is not None:
         return "several learners average gradients in mid-update"
     if len(model.step_keys) != 1:
         return "a structured env's step keys pick rows by data"
-    if model.popart_heads():
-        return "PopArt moves its statistics in mid-update"
     if model.core is not None:
         return "the LSTM core cuts its sequence where episodes start, read on the host"
     if getattr(model, "precision", "fp32") != "fp32":
         return "bf16 autocast"
     return None
+
+
+def capture_refusal(model: Model, device: torch.device, group: LearnerGroup | None) -> str | None:
+    """Why an update on ``device`` cannot be captured as one CUDA graph (``None``: it can).
+    The graph holds one step key's forward, V-trace, losses and backward without a host
+    read (:func:`_one_program_refusal`); PopArt is left out until its statistics, now
+    taken after the backward, are measured in a graph on a GPU."""
+    if device.type != "cuda":
+        return "the learner is not on a GPU"
+    if model.popart_heads():
+        return "PopArt: its statistics in a CUDA graph are not measured yet"
+    return _one_program_refusal(model, group)
 
 
 def compile_refusal(model: Model, device: torch.device, group: LearnerGroup | None) -> str | None:
     """Why an update on ``device`` is not compiled (``algorithm.compile_update``; ``None``:
-    it can be). Compiled is the one step key's forward, V-trace, losses and backward (its
-    autograd traced into the program); rows picked by data, a core cut where episodes start
-    and gradients exchanged in mid-update would break the program into pieces, and a GPU
-    learner has the captured update (``algorithm.cuda_graph``)."""
+    it can be): the one step key's forward, V-trace, losses and backward (its autograd
+    traced into the program) as :func:`_one_program_refusal` allows; a GPU learner has the
+    captured update (``algorithm.cuda_graph``) instead."""
     if device.type != "cpu":
         return "the learner is not on a CPU"
-    if group is not None:
-        return "several learners average gradients in mid-update"
-    if len(model.step_keys) != 1:
-        return "a structured env's step keys pick rows by data"
-    if model.core is not None:
-        return "the LSTM core cuts its sequence where episodes start, read on the host"
-    if getattr(model, "precision", "fp32") != "fp32":
-        return "bf16 autocast"
-    return None
+    return _one_program_refusal(model, group)
 
 
 def compile_pays(model: Model, planned_steps: float) -> bool:
