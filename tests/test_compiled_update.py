@@ -138,3 +138,33 @@ def test_a_run_plans_its_optimizer_steps_from_its_budget():
     assert planned_optimizer_steps(cfg) == 64000 / 320 * 12
     cfg.max_env_steps = None
     assert planned_optimizer_steps(cfg) == float("inf")
+
+
+def test_a_compile_that_fails_falls_back_to_the_eager_update_and_says_why(monkeypatch, caplog):
+    """No C++ compiler for inductor (or a Python dynamo does not support) must not cost a
+    user's first run: the update runs eagerly, takes the eager step, and the log says why."""
+
+    def failing_compile(fn, **kwargs):
+        def compiled(*args):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    cfg = ImpalaAlgorithmConfig(lr=1e-3, optimizer="adam", policy_loss="appo")
+    model = _vector_model()
+    eager = Learner(copy.deepcopy(model), cfg)
+    fallback = Learner(copy.deepcopy(model), dataclasses.replace(cfg, compile_update=True))
+    torch.manual_seed(3)
+    batch = vector_batch(8, 4)
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            sa, sb = eager.update(batch), fallback.update(batch)
+            assert sb.total_loss == sa.total_loss
+    assert fallback.compiled is False and fallback.num_updates == 2
+    assert "could not be compiled (RuntimeError: InvalidCxxCompiler" in caplog.text
+    assert "algorithm.compile_update=false" in caplog.text
+    for (name, x), y in zip(
+        eager.model.state_dict().items(), fallback.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(x, y), name

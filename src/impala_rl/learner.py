@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import math
 import time
 from collections.abc import Iterator
@@ -60,6 +61,9 @@ class UpdateStats:
     learning_rate: float
     entropy_coef: float
     timings: dict[str, float] = field(default_factory=dict)
+
+
+log = logging.getLogger(__name__)
 
 
 def optimizer_settings(cfg: ImpalaAlgorithmConfig) -> dict[str, Any]:
@@ -510,6 +514,7 @@ class Learner:
             wanted = compile_pays(model, planned_steps)
         self.compiled: bool | None = None if wanted else False
         self._compiled: Any = None
+        self._compiled_ran = False  # a failure after the first compiled update is real
         self._entropy_coef_tensor = torch.zeros((), device=self.device)
         # appo: optimizer steps since the target last moved. Counted here, not from
         # ``num_updates``: a resume that changes the steps per batch must still move the target
@@ -686,10 +691,7 @@ class Learner:
             layout, packed = graph.run(batch, self.entropy_coef)
         elif compiled is not None:
             t1 = t2 = time.perf_counter()
-            self.optimizer.zero_grad(set_to_none=True)
-            self._entropy_coef_tensor.fill_(self.entropy_coef)  # a new value needs no compile
-            with _tracing_autograd():
-                layout, packed = compiled(batch, self._entropy_coef_tensor)
+            layout, packed = self._run_compiled(compiled, batch)
         else:
             marks: list[float] = []
             layout, packed = self._compute(batch, train_policy, self.entropy_coef, marks)
@@ -735,6 +737,30 @@ class Learner:
             if self.compiled:
                 self._compiled = torch.compile(self._compute_captured, dynamic=False)
         return self._compiled
+
+    def _run_compiled(self, compiled: Any, batch: dict[str, torch.Tensor]) -> tuple[Layout, Any]:
+        """The compiled update on ``batch``. Its first call compiles; should that fail (no C++
+        compiler for inductor, a Python that dynamo does not support), the run goes on eagerly
+        and says why: nothing of the update has run by then."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._entropy_coef_tensor.fill_(self.entropy_coef)  # a new value needs no compile
+        try:
+            with _tracing_autograd():
+                packed = compiled(batch, self._entropy_coef_tensor)
+        except Exception as exc:  # noqa: BLE001 - any compiler failure; eager re-raises real ones
+            if self._compiled_ran:
+                raise
+            log.warning(
+                "algorithm.compile_update: the update could not be compiled (%s: %s); it runs "
+                "eagerly. Set algorithm.compile_update=false to skip the attempt",
+                type(exc).__name__,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+            )
+            self.compiled, self._compiled = False, None
+            self.optimizer.zero_grad(set_to_none=True)
+            packed = self._compute(batch, True, self.entropy_coef, None)
+        self._compiled_ran = True
+        return packed
 
     def _compute_captured(
         self, batch: dict[str, torch.Tensor], entropy_coef: torch.Tensor
