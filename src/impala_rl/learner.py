@@ -377,7 +377,8 @@ def compile_pays(model: Model, planned_steps: float) -> bool:
     """``compile_update=null``'s rule: a model without convolutions (whose step is mostly
     per-op overhead) over at least :data:`~impala_rl.config.COMPILE_MIN_STEPS` optimizer
     steps."""
-    convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    conv = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    convolutions = any(isinstance(m, conv) for m in model.modules())
     return not convolutions and planned_steps >= COMPILE_MIN_STEPS
 
 
@@ -750,11 +751,12 @@ class Learner:
         except Exception as exc:  # noqa: BLE001 - any compiler failure; eager re-raises real ones
             if self._compiled_ran:
                 raise
+            first_line = (str(exc).strip().splitlines() or [""])[0]
             log.warning(
                 "algorithm.compile_update: the update could not be compiled (%s: %s); it runs "
                 "eagerly. Set algorithm.compile_update=false to skip the attempt",
                 type(exc).__name__,
-                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                first_line,
             )
             self.compiled, self._compiled = False, None
             self.optimizer.zero_grad(set_to_none=True)
