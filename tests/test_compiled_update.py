@@ -16,10 +16,11 @@ from impala_rl.config import (
     COMPILE_MIN_STEPS,
     ImpalaAlgorithmConfig,
     ModelConfig,
+    compile_pays,
     load_config,
     planned_optimizer_steps,
 )
-from impala_rl.learner import Learner, compile_pays
+from impala_rl.learner import Learner, has_convolutions
 from impala_rl.nn.factory import build_model
 from impala_rl.nn.popart import PopArtValueHead
 
@@ -98,14 +99,17 @@ def test_the_compiled_update_gives_the_eager_updates_weights():
     )
 
 
-def test_an_lstm_core_is_not_compiled_and_trains_eagerly():
+def test_an_lstm_core_is_not_compiled_and_trains_eagerly(caplog):
     cfg = ImpalaAlgorithmConfig(lr=1e-3, compile_update=True)
     learner = Learner(_vector_model(core="lstm"), cfg)
     assert learner.compiled is None, "wanted, decided at the first update"
     batch = vector_batch(8, 4)
     batch["core_h"], batch["core_c"] = torch.zeros(1, 4, 16), torch.zeros(1, 4, 16)
-    learner.update(batch)
+    with caplog.at_level("WARNING"):
+        learner.update(batch)
     assert learner.compiled is False and learner.num_updates == 1
+    # asked for by name, so the log says why it runs eagerly
+    assert "compile_update: the update runs eagerly: the LSTM core" in caplog.text
 
 
 def test_compile_update_null_compiles_an_mlp_only_on_a_long_run():
@@ -116,8 +120,9 @@ def test_compile_update_null_compiles_an_mlp_only_on_a_long_run():
         gym.spaces.Box(0, 255, (4, 84, 84), np.uint8),
         gym.spaces.Discrete(6),
     )
-    assert compile_pays(mlp, COMPILE_MIN_STEPS) and not compile_pays(mlp, COMPILE_MIN_STEPS - 1)
-    assert not compile_pays(cnn, float("inf")), "a CNN's step is not per-op overhead"
+    assert not has_convolutions(mlp) and has_convolutions(cnn)
+    assert compile_pays(False, COMPILE_MIN_STEPS) and not compile_pays(False, COMPILE_MIN_STEPS - 1)
+    assert not compile_pays(True, float("inf")), "a CNN's step is not per-op overhead"
     assert Learner(mlp, cfg, planned_steps=COMPILE_MIN_STEPS).compiled is None  # wanted
     assert Learner(mlp, cfg, planned_steps=100).compiled is False
     assert Learner(mlp, ImpalaAlgorithmConfig(), planned_steps=1e9).compiled is False

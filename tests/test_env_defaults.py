@@ -330,6 +330,21 @@ def test_the_console_says_when_an_mlps_update_is_compiled(caplog, overrides, com
     assert cfg.algorithm.compile_update in (None, compiled)
 
 
+@pytest.mark.parametrize(
+    "refused", ["model.core=lstm model.shared_torso=true", "algorithm.num_learners=2"]
+)
+def test_the_console_does_not_say_compiled_where_the_learner_refuses(caplog, refused):
+    """The console reads the learner's own refusals: an LSTM core or several learners run the
+    update eagerly even when ``compile_update=true`` asks for it."""
+    overrides = ["env.id=impala_rl.envs.samples:PointGoal", "algorithm.compile_update=true"]
+    if refused.startswith("algorithm.num_learners"):
+        overrides += ["algorithm.num_actors=2", "runner.backend=subprocess"]
+    with caplog.at_level("INFO"):
+        resolve_config(None, [*overrides, *refused.split()])
+    assert "no preset of its family" in caplog.text
+    assert "the update compiled" not in caplog.text
+
+
 def test_a_pixel_envs_update_is_not_said_compiled(caplog):
     with caplog.at_level("INFO"):
         resolve_config(None, ["env.id=impala_rl.envs.samples:Catch", "max_env_steps=1000000"])

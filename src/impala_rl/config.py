@@ -145,7 +145,8 @@ class ImpalaAlgorithmConfig:
     small ops, the same update up to float rounding. A small MLP's step is mostly that
     per-op overhead (2-4x faster compiled), a CNN's much less; the compile takes ~20-30 s at
     the first update. ``true``: compile where the run allows it (a CPU learner, one step key,
-    no LSTM core, one learner, fp32, not in burn-in); ``null`` (the ``any_env`` preset's):
+    no LSTM core, one learner, fp32, not in burn-in; elsewhere a warning says why it runs
+    eagerly); ``null`` (the ``any_env`` preset's):
     that, for a model without convolutions over a run of at least 10,000 optimizer steps (a
     shorter run does not win the compile back); ``false``: always eager."""
     queue_out_of_sync_factor: float = 1.0
@@ -883,6 +884,32 @@ def steps_per_batch(a: ImpalaAlgorithmConfig) -> int:
 COMPILE_MIN_STEPS = 10_000
 """``compile_update=null`` compiles an MLP's update on a run of at least this many optimizer
 steps: at ~4 ms saved a step they win back a ~20-30 s compile on 2 cores."""
+
+
+def compile_pays(convolutions: bool, planned_steps: float) -> bool:
+    """``compile_update=null``'s rule, for the learner and the console alike: a model without
+    convolutions (whose step is mostly per-op overhead) over at least
+    :data:`COMPILE_MIN_STEPS` optimizer steps."""
+    return not convolutions and planned_steps >= COMPILE_MIN_STEPS
+
+
+def one_program_refusal(
+    *, several_learners: bool, step_keys: int, lstm_core: bool, precision: str
+) -> str | None:
+    """Why an update cannot run as one program (a CUDA graph or a compiled one) on any
+    device (``None``: it can): several learners exchange gradients in mid-update, several
+    step keys pick rows by data, the core splits its sequence by data read on the host, and
+    bf16 autocast keeps a cast cache across calls. From plain facts, so that the console can
+    say before the run what the learner will decide."""
+    if several_learners:
+        return "several learners average gradients in mid-update"
+    if step_keys != 1:
+        return "a structured env's step keys pick rows by data"
+    if lstm_core:
+        return "the LSTM core cuts its sequence where episodes start, read on the host"
+    if precision != "fp32":
+        return "bf16 autocast"
+    return None
 
 
 def planned_optimizer_steps(cfg: RunConfig) -> float:

@@ -41,12 +41,13 @@ import gymnasium as gym
 import numpy as np
 
 from impala_rl.config import (
-    COMPILE_MIN_STEPS,
     RunConfig,
     check_rules,
+    compile_pays,
     decay_horizon,
     load_config,
     merge_config,
+    one_program_refusal,
     planned_optimizer_steps,
     user_file_keys,
 )
@@ -54,6 +55,7 @@ from impala_rl.envs import EnvFactory
 from impala_rl.envs.spaces import image_layout
 from impala_rl.envs.structured import is_structured
 from impala_rl.sizing import size_to_machine
+from impala_rl.startup import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +222,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         spaces, model = describe_spaces(probe)
         images = has_image(probe)
         step_s = step_seconds(probe) if family is None else 0.0
+        step_keys = len(probe.observation_spaces) if is_structured(probe) else 1
     finally:
         probe.close()
     slow = step_s >= SLOW_STEP_S and not _overridden(overrides, "runner.backend")
@@ -288,9 +291,18 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         backend += f", {cfg.runner.learner_threads} learner threads for the CNN"
     if slow and cfg.env.vector == "async":
         backend += f", each env in its own process (a step takes {step_s * 1e3:.1f} ms)"
-    steps = planned_optimizer_steps(cfg)
-    mlp_pays = not images and steps >= COMPILE_MIN_STEPS and cfg.model.core == "none"
-    if a.compile_update or (a.compile_update is None and mlp_pays):
+    # the learner's own rule and refusals, from what the config and the probe show (images:
+    # the model's CNN)
+    wanted = a.compile_update
+    if wanted is None:
+        wanted = compile_pays(images, planned_optimizer_steps(cfg))
+    refusal = one_program_refusal(
+        several_learners=a.num_learners > 1,
+        step_keys=step_keys,
+        lstm_core=cfg.model.core != "none",
+        precision=cfg.model.precision,
+    )
+    if wanted and refusal is None and resolve_device(a.device).type == "cpu":
         backend += ", the update compiled (torch.compile)"
     line = (
         f"{chosen} for {env_cfg.id} ({spaces}); {target}; {evaluation}; "

@@ -24,10 +24,11 @@ import torch
 
 from impala_rl import losses, vtrace
 from impala_rl.config import (
-    COMPILE_MIN_STEPS,
     ImpalaAlgorithmConfig,
     check_num_minibatches,
+    compile_pays,
     decay_horizon,
+    one_program_refusal,
     steps_per_batch,
 )
 from impala_rl.distributed import LearnerGroup
@@ -336,19 +337,13 @@ def _to_host(
 
 
 def _one_program_refusal(model: Model, group: LearnerGroup | None) -> str | None:
-    """Why an update cannot run as one program (a CUDA graph or a compiled one) on any
-    device: several keys pick rows by data, several learners exchange gradients in
-    mid-update, the core splits its sequence by data read on the host, and bf16 autocast
-    keeps a cast cache across calls."""
-    if group is not None:
-        return "several learners average gradients in mid-update"
-    if len(model.step_keys) != 1:
-        return "a structured env's step keys pick rows by data"
-    if model.core is not None:
-        return "the LSTM core cuts its sequence where episodes start, read on the host"
-    if getattr(model, "precision", "fp32") != "fp32":
-        return "bf16 autocast"
-    return None
+    """:func:`~impala_rl.config.one_program_refusal` for this model and learner group."""
+    return one_program_refusal(
+        several_learners=group is not None,
+        step_keys=len(model.step_keys),
+        lstm_core=model.core is not None,
+        precision=getattr(model, "precision", "fp32"),
+    )
 
 
 def capture_refusal(model: Model, device: torch.device, group: LearnerGroup | None) -> str | None:
@@ -373,13 +368,11 @@ def compile_refusal(model: Model, device: torch.device, group: LearnerGroup | No
     return _one_program_refusal(model, group)
 
 
-def compile_pays(model: Model, planned_steps: float) -> bool:
-    """``compile_update=null``'s rule: a model without convolutions (whose step is mostly
-    per-op overhead) over at least :data:`~impala_rl.config.COMPILE_MIN_STEPS` optimizer
-    steps."""
+def has_convolutions(model: Model) -> bool:
+    """Whether ``model`` holds a convolution (its step is then compute, not per-op overhead,
+    and :func:`~impala_rl.config.compile_pays` says no)."""
     conv = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-    convolutions = any(isinstance(m, conv) for m in model.modules())
-    return not convolutions and planned_steps >= COMPILE_MIN_STEPS
+    return any(isinstance(m, conv) for m in model.modules())
 
 
 @dataclass
@@ -512,7 +505,7 @@ class Learner:
         # ``planned_steps`` (optimizer steps); ``compiled`` is decided at the first update
         wanted = cfg.compile_update
         if wanted is None:
-            wanted = compile_pays(model, planned_steps)
+            wanted = compile_pays(has_convolutions(model), planned_steps)
         self.compiled: bool | None = None if wanted else False
         self._compiled: Any = None
         self._compiled_ran = False  # a failure after the first compiled update is real
@@ -734,9 +727,12 @@ class Learner:
         """The compiled update (``algorithm.compile_update``), decided at the first update
         (the group joins after construction): ``None`` when eager."""
         if self.compiled is None:
-            self.compiled = compile_refusal(self.model, self.device, self.group) is None
+            refusal = compile_refusal(self.model, self.device, self.group)
+            self.compiled = refusal is None
             if self.compiled:
                 self._compiled = torch.compile(self._compute_captured, dynamic=False)
+            elif self.cfg.compile_update:  # asked for by name: say why it runs eagerly
+                log.warning("algorithm.compile_update: the update runs eagerly: %s", refusal)
         return self._compiled
 
     def _run_compiled(self, compiled: Any, batch: dict[str, torch.Tensor]) -> tuple[Layout, Any]:
