@@ -341,6 +341,12 @@ class ModelConfig:
     updated by the learner from every training batch, kept in the model's state (actors,
     checkpoints, evaluation and ``load_policy`` use it); per step key on structured envs, per
     vector entry of a Dict observation. ``mlp`` encoder."""
+    normalize_obs_center: bool = True
+    """``normalize_obs``: ``true`` subtracts the running mean and divides by the standard
+    deviation; ``false`` only divides by the running root mean square (``sqrt(mean² + var)``),
+    so each entry keeps its offset. For readings whose resting value carries the information,
+    such as lidar distances: FlappyBird's lidar learned only uncentered
+    (docs/experiments/any-env.md)."""
     popart: bool = False
     """PopArt value normalization: the value head learns normalized targets while its outputs
     stay on the reward's scale (statistics of the V-trace targets, outputs preserved at each

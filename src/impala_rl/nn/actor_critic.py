@@ -110,7 +110,8 @@ class ActorCritic(nn.Module):
       decision (:meth:`last_inputs`): its action one-hot (or flat) in its step key's block,
       zeros in the other keys' blocks, and the reward since then clipped to [-1, 1].
     - ``normalize_obs``: running statistics per step key (per vector entry of a Dict),
-      updated by the learner; ``popart_beta``: a PopArt head per critic.
+      updated by the learner (``normalize_obs_center=False``: divided by the root mean square,
+      not centered); ``popart_beta``: a PopArt head per critic.
     - ``precision="bf16"``: torsos and core under bf16 autocast; ``channels_last``: image
       encoders keep activations channels-last.
     - ``mask_sizes``: the keys whose observations carry an action mask; ``n_agents``: the
@@ -138,6 +139,7 @@ class ActorCritic(nn.Module):
         actor_hidden_sizes: Sequence[int] | None = None,
         critic_hidden_sizes: Sequence[int] | None = None,
         normalize_obs: bool = False,
+        normalize_obs_center: bool = True,
         popart_beta: float | None = None,
         encoder_kwargs: Mapping[str, Any] | None = None,
         dict_vectors: str = "joint",
@@ -239,7 +241,9 @@ class ActorCritic(nn.Module):
         )
         self.obs_norms: nn.ModuleDict | None = None
         if normalize_obs:
-            self.obs_norms = nn.ModuleDict({str(k): obs_norm_for(s) for k, s in obs_spaces.items()})
+            self.obs_norms = nn.ModuleDict(
+                {str(k): obs_norm_for(s, normalize_obs_center) for k, s in obs_spaces.items()}
+            )
         # registered after the heads, where earlier checkpoints have them
         if self.core_inputs is not None:
             self.core_inputs = self._modules.pop("core_inputs")  # type: ignore[assignment]

@@ -28,6 +28,7 @@ def _model_kwargs(model_cfg: ModelConfig) -> dict[str, Any]:
         "actor_hidden_sizes": model_cfg.actor_hidden_sizes,
         "critic_hidden_sizes": model_cfg.critic_hidden_sizes,
         "normalize_obs": model_cfg.normalize_obs,
+        "normalize_obs_center": model_cfg.normalize_obs_center,
         "popart_beta": model_cfg.popart_beta if model_cfg.popart else None,
         "encoder_kwargs": dict(model_cfg.encoder_kwargs),
         "value_encoder": model_cfg.value_encoder,

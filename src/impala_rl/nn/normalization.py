@@ -18,18 +18,23 @@ Combine = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 
 
 class RunningObsNorm(nn.Module):
-    """``clamp((x - mean) / sqrt(var + eps), -clip, clip)`` over ``[*batch, *shape]``.
+    """``clamp((x - mean) / sqrt(var + eps), -clip, clip)`` over ``[*batch, *shape]``; with
+    ``center=False``, ``clamp(x / sqrt(mean**2 + var + eps), -clip, clip)``: divided by the
+    running root mean square, so an entry keeps its offset (a reading's resting value).
 
     Mean and (population) variance are merged batch by batch with Chan et al.'s parallel
     update, so after any sequence of :meth:`update` calls they equal those of all the data seen.
     Before the first update the mean is 0 and the variance 1 (the identity up to ``eps``).
     """
 
-    def __init__(self, shape: Sequence[int], clip: float = 10.0, eps: float = 1e-8):
+    def __init__(
+        self, shape: Sequence[int], clip: float = 10.0, eps: float = 1e-8, center: bool = True
+    ):
         super().__init__()
         self.shape = tuple(int(s) for s in shape)
         self.clip = float(clip)
         self.eps = float(eps)
+        self.center = bool(center)
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
         self.register_buffer("mean", torch.zeros(self.shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(self.shape, dtype=torch.float64))
@@ -62,19 +67,29 @@ class RunningObsNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         mean = self.mean.to(torch.float32)
-        std = torch.sqrt(self.var.to(torch.float32) + self.eps)
-        return ((x.float() - mean) / std).clamp(-self.clip, self.clip)
+        var = self.var.to(torch.float32)
+        if not self.center:
+            return (x.float() / torch.sqrt(mean.square() + var + self.eps)).clamp(
+                -self.clip, self.clip
+            )
+        return ((x.float() - mean) / torch.sqrt(var + self.eps)).clamp(-self.clip, self.clip)
 
 
 class DictObsNorm(nn.Module):
     """A :class:`RunningObsNorm` per vector entry of a Dict observation (``shapes``); the
     other entries (images, Discrete indices) pass through unchanged."""
 
-    def __init__(self, shapes: Mapping[str, Sequence[int]], clip: float = 10.0, eps: float = 1e-8):
+    def __init__(
+        self,
+        shapes: Mapping[str, Sequence[int]],
+        clip: float = 10.0,
+        eps: float = 1e-8,
+        center: bool = True,
+    ):
         super().__init__()
         # a list in the entries' order: any string names an entry ("type", "agent.pos")
         self.names = list(shapes)
-        self.norms = nn.ModuleList(RunningObsNorm(s, clip, eps) for s in shapes.values())
+        self.norms = nn.ModuleList(RunningObsNorm(s, clip, eps, center) for s in shapes.values())
         self._index = {name: i for i, name in enumerate(self.names)}
         self._register_load_state_dict_pre_hook(self._norms_by_index)
 
@@ -101,11 +116,11 @@ class DictObsNorm(nn.Module):
         return {k: self.norms[index[k]](v) if k in index else v for k, v in x.items()}
 
 
-def obs_norm_for(space: gymnasium.Space) -> RunningObsNorm | DictObsNorm:
+def obs_norm_for(space: gymnasium.Space, center: bool = True) -> RunningObsNorm | DictObsNorm:
     """The statistics ``normalize_obs`` keeps for observations of ``space``: one
     :class:`RunningObsNorm` for a ``Box``, one per vector (float32) entry of a ``Dict``."""
     if not isinstance(space, gymnasium.spaces.Dict):
-        return RunningObsNorm(tuple(space.shape or ()))
+        return RunningObsNorm(tuple(space.shape or ()), center=center)
     vectors = {
         k: s.shape
         for k, s in space.spaces.items()
@@ -116,4 +131,4 @@ def obs_norm_for(space: gymnasium.Space) -> RunningObsNorm | DictObsNorm:
             "normalize_obs normalizes vector entries; this Dict observation has none "
             f"({', '.join(space.spaces)}); set model.normalize_obs=false"
         )
-    return DictObsNorm(vectors)
+    return DictObsNorm(vectors, center=center)
