@@ -345,7 +345,7 @@ class ModelConfig:
     """``normalize_obs``: ``true`` subtracts the running mean and divides by the standard
     deviation; ``false`` only divides by the running root mean square (``sqrt(mean² + var)``),
     so each entry keeps its offset. For readings whose resting value carries the information,
-    such as lidar distances: FlappyBird's lidar learned only uncentered
+    such as lidar distances: FlappyBird's lidar learns so and stalls centered
     (docs/experiments/any-env.md)."""
     popart: bool = False
     """PopArt value normalization: the value head learns normalized targets while its outputs
