@@ -515,3 +515,19 @@ def test_a_config_file_can_start_from_a_preset(tmp_path):
     loop.write_text(f"base: {loop}\n")
     with pytest.raises(ConfigError, match="refers back to itself"):
         load_config(str(loop))
+
+
+def test_a_changed_setting_whose_switch_is_off_gets_a_warning_naming_both(caplog, tmp_path):
+    with caplog.at_level("WARNING", logger="impala_rl.config"):
+        load_config("cartpole", ["model.normalize_obs_center=false", "model.popart_beta=0.01"])
+    assert "model.normalize_obs_center has no effect" in caplog.text
+    assert "model.normalize_obs=true" in caplog.text
+    assert "model.popart_beta has no effect" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="impala_rl.config"):
+        load_config("cartpole", ["model.normalize_obs=true", "model.normalize_obs_center=false"])
+        # a saved config reused as a file holds every key, the defaults included
+        saved = tmp_path / "saved.yaml"
+        saved.write_text(to_yaml(load_config("cartpole")))
+        load_config(saved)
+    assert "has no effect" not in caplog.text

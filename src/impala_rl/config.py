@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
 import re
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+log = logging.getLogger(__name__)
 
 PRESETS_DIR = Path(__file__).parent / "configs"
 
@@ -578,7 +581,40 @@ def load_config(
     """
     cfg = merge_config(preset, overrides, base)
     validate(cfg)
+    _warn_inert(cfg, _given_keys(preset, overrides, base))
     return cfg
+
+
+# A setting read only when another is on: (the setting, the switch it needs).
+_NEEDS_SWITCH = (
+    ("model.normalize_obs_center", "model.normalize_obs"),
+    ("model.popart_beta", "model.popart"),
+)
+
+
+def _warn_inert(cfg: RunConfig, given: set[str]) -> None:
+    """A warning for each setting the user changed that nothing reads, as its switch is off
+    (``model.normalize_obs_center=false`` without ``model.normalize_obs``). Not an error, and
+    not for a default value: a run's saved config, reused as a file, holds every key."""
+    defaults = RunConfig()
+    for key, switch in _NEEDS_SWITCH:
+        section, name = switch.split(".")
+        value = getattr(getattr(cfg, section), key.split(".")[1])
+        changed = value != getattr(getattr(defaults, section), key.split(".")[1])
+        if key in given and changed and not getattr(getattr(cfg, section), name):
+            log.warning("%s has no effect: it applies only with %s=true", key, switch)
+
+
+def _given_keys(
+    preset: str | Path | None, overrides: list[str] | None, base: dict | DictConfig | None
+) -> set[str]:
+    """The dotted keys the user gave: overrides, their config files' keys and a ``base``'s
+    algorithm keys (a search trial's settings)."""
+    given = {item.split("=", 1)[0] for item in overrides or [] if "=" in item}
+    given |= user_file_keys(preset)
+    if base is not None:
+        given |= {f"algorithm.{k}" for k in OmegaConf.create(base).get("algorithm", None) or {}}
+    return given
 
 
 def merge_config(
@@ -614,10 +650,7 @@ def merge_config(
         cfg: RunConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from None
-    given = {hint for _, hint in layers if hint is not None} | user_file_keys(preset)
-    if base is not None:
-        given |= {f"algorithm.{k}" for k in OmegaConf.create(base).get("algorithm", None) or {}}
-    _preset_yields_to_core(cfg, given)
+    _preset_yields_to_core(cfg, _given_keys(preset, overrides, base))
     return cfg
 
 

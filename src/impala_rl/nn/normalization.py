@@ -68,11 +68,11 @@ class RunningObsNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         mean = self.mean.to(torch.float32)
         var = self.var.to(torch.float32)
-        if not self.center:
-            return (x.float() / torch.sqrt(mean.square() + var + self.eps)).clamp(
-                -self.clip, self.clip
-            )
-        return ((x.float() - mean) / torch.sqrt(var + self.eps)).clamp(-self.clip, self.clip)
+        if self.center:
+            x, scale = x.float() - mean, torch.sqrt(var + self.eps)
+        else:  # the root mean square: the reading keeps its resting value
+            x, scale = x.float(), torch.sqrt(mean.square() + var + self.eps)
+        return (x / scale).clamp(-self.clip, self.clip)
 
 
 class DictObsNorm(nn.Module):
