@@ -148,3 +148,22 @@ def test_channels_last_gives_the_same_outputs_and_survives_weight_transfer():
         torch.testing.assert_close(
             cl.policy(0, obs).logits, ref.policy(0, obs).logits, **NCHW_VS_NHWC
         )
+
+
+def test_orthogonal_init_builds_a_channels_last_cnn_with_the_same_weights():
+    """``init: orthogonal`` (any_env's) on a channels-last CNN: torch's ``orthogonal_`` views
+    the weight as rows, which a channels-last weight refuses."""
+    built = {}
+    for channels_last in (False, True):
+        torch.manual_seed(0)
+        cfg = ModelConfig(encoder="nature_cnn", init="orthogonal", channels_last=channels_last)
+        built[channels_last] = build_model(cfg, FRAMES, ACTIONS)
+    conv = built[True].policies["0"].torso.convs[0].weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    contiguous, channels_last = (built[k].state_dict() for k in (False, True))
+    assert contiguous.keys() == channels_last.keys()
+    for name, weight in contiguous.items():
+        torch.testing.assert_close(channels_last[name], weight, rtol=0, atol=0, msg=name)
+    rows = conv.reshape(conv.shape[0], -1)
+    gram = rows @ rows.T / 2.0  # gain sqrt(2) on the hidden layers
+    torch.testing.assert_close(gram, torch.eye(conv.shape[0]), atol=1e-5, rtol=0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import nn
 
 from impala_rl.config import INITS
@@ -24,7 +25,12 @@ VALUE_HEAD = "_impala_value_head"  # attribute marking a value head's output lay
 
 
 def _orthogonal(layer: nn.Module, gain: float) -> None:
-    nn.init.orthogonal_(layer.weight, gain=gain)
+    weight = layer.weight
+    if weight.is_contiguous():
+        nn.init.orthogonal_(weight, gain=gain)
+    else:  # a channels-last convolution: torch's orthogonal_ views the weight as rows
+        with torch.no_grad():
+            weight.copy_(nn.init.orthogonal_(torch.empty(weight.shape), gain=gain))
     if layer.bias is not None:
         nn.init.zeros_(layer.bias)
 
