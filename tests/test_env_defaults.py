@@ -19,6 +19,7 @@ from impala_rl.config import ConfigError, list_presets, load_config
 from impala_rl.env_defaults import (
     FAMILY_PRESETS,
     GENERIC_PRESET,
+    IMAGE_REUSE,
     SHORT_BUDGET,
     describe_spaces,
     env_family,
@@ -433,3 +434,19 @@ def test_without_a_preset_the_cli_says_what_it_chose(tmp_path):
     assert evaluator.background == "process" and evaluator.max_time_share == 0.1
     rows = load_metrics(run_dir)
     assert any("eval_return/mean" in row for row in rows)
+
+
+def test_a_cnn_gets_ppos_atari_reuse_and_an_explicit_setting_wins(caplog):
+    catch = "env.id=impala_rl.envs.samples:Catch"
+    with caplog.at_level(logging.INFO, logger="impala_rl.env_defaults"):
+        cfg = resolve_config(None, [catch])
+    assert (cfg.algorithm.num_passes, cfg.algorithm.num_minibatches) == IMAGE_REUSE == (4, 4)
+    assert "4 passes x 4 minibatches (PPO's Atari reuse for the CNN)" in caplog.text
+    given = resolve_config(None, [catch, "algorithm.num_passes=10"])
+    assert (given.algorithm.num_passes, given.algorithm.num_minibatches) == (10, 4)
+    vectors = resolve_config(None, ["env.id=impala_rl.envs.samples:GridWorld"])
+    any_env = load_config(GENERIC_PRESET).algorithm
+    assert (vectors.algorithm.num_passes, vectors.algorithm.num_minibatches) == (
+        any_env.num_passes,
+        any_env.num_minibatches,
+    )

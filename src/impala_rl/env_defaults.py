@@ -23,7 +23,8 @@ observation normalization where there are vectors to normalize. On top, for ever
   ``patience: 0`` and a budget of 1M env steps (``max_env_steps`` overrides it); and where one
   step of the env costs :data:`SLOW_STEP_S` or more (timed on the probe), ``env.vector=async``:
   an actor's envs step at once, each in its own process, on every core (the same episodes,
-  the batches as on-policy as before); where the model runs a CNN, 2 learner threads
+  the batches as on-policy as before); where the model runs a CNN, PPO's Atari reuse
+  (:data:`IMAGE_REUSE`, 4 passes x 4 minibatches) and 2 learner threads
   (:data:`CNN_LEARNER_THREADS`).
 
 The user's ``key=value`` overrides go on top, so an explicit setting always wins.
@@ -84,6 +85,12 @@ SLOW_STEP_S = 5e-4
 step on a laptop core) puts each env in a process of its own (``env.vector=async``)."""
 STEP_TIMING_S = 0.25  # the probe steps this long, or 200 steps, whichever ends first
 NATURE_CNN_MIN_SIDE = 36  # 8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave >= 1 pixel
+IMAGE_REUSE = (4, 4)
+"""Passes and minibatches per batch for an ``any_env`` model that runs a CNN: PPO's Atari
+reuse (CleanRL's and RL Zoo's 4 epochs of 4 minibatches of 256 steps; the PPO paper's 3 epochs
+of 256). 10 x 16, PPO's default for vectors, kept Catch's learner busy 84% of its run: 4 x 4
+trains Catch in a third of the time to the same or better scores (``benchmarks/any_env.py``,
+3 seeds; docs/experiments/any-env.md)."""
 CNN_LEARNER_THREADS = 2
 """Torch threads for an ``any_env`` learner that runs a CNN (an image observation, plain or in
 a Dict), at most the machine's cores: the sequential backend leaves the other core idle, and
@@ -241,6 +248,12 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         ]
         if slow:
             derived.append("env.vector=async")
+        if images:
+            passes, minibatches = IMAGE_REUSE
+            derived += [
+                f"algorithm.num_passes={passes}",
+                f"algorithm.num_minibatches={minibatches}",
+            ]
         if cnn_threads:
             derived.append(
                 f"runner.learner_threads={min(CNN_LEARNER_THREADS, os.cpu_count() or 1)}"
@@ -279,9 +292,10 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     else:
         chosen = f"the {preset} preset ({family[1]} env{note})"
     of = " of single decisions" if a.minibatch_of == "steps" else ""
-    reuse = (
-        f"{a.num_passes} passes x {a.num_minibatches} minibatches{of}, " if a.num_passes > 1 else ""
-    )
+    reuse = f"{a.num_passes} passes x {a.num_minibatches} minibatches{of}"
+    if family is None and images and (a.num_passes, a.num_minibatches) == IMAGE_REUSE:
+        reuse += " (PPO's Atari reuse for the CNN)"
+    reuse = f"{reuse}, " if a.num_passes > 1 else ""
     lr = f"lr {a.lr:g}"
     if a.lr_schedule == "linear":
         horizon = decay_horizon(a, "lr", cfg.max_env_steps)
