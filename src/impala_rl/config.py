@@ -597,15 +597,9 @@ def _warn_inert(cfg: RunConfig, given: set[str]) -> None:
     (``model.normalize_obs_center=false`` without ``model.normalize_obs``). Not an error, and
     not for a default value: a run's saved config, reused as a file, holds every key."""
     defaults = RunConfig()
-
-    def value(config: Any, dotted: str) -> Any:
-        for part in dotted.split("."):
-            config = getattr(config, part)
-        return config
-
     for key, switch in _NEEDS_SWITCH:
-        changed = value(cfg, key) != value(defaults, key)
-        if key in given and changed and not value(cfg, switch):
+        changed = _get(cfg, key) != _get(defaults, key)
+        if key in given and changed and not _get(cfg, switch):
             log.warning("%s has no effect: it applies only with %s=true", key, switch)
 
 
