@@ -80,7 +80,7 @@ def test_no_preset_runs_the_any_env_preset_not_cartpoles_settings():
     ev = cfg.algorithm.rollout_evaluator
     assert ev.background == "process" and ev.max_time_share == 0.1
     assert cfg.algorithm.patience == 0 and cfg.max_env_steps == 1_000_000
-    assert cfg.model.encoder == "mlp"
+    assert cfg.model.encoder == "auto"  # an MLP for these vectors
 
 
 @pytest.mark.parametrize(

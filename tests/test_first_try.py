@@ -5,6 +5,7 @@ everywhere, one observation told from a batch, a vector env that resets on the n
 from __future__ import annotations
 
 import json
+import logging
 
 import gymnasium as gym
 import numpy as np
@@ -14,11 +15,13 @@ from gymnasium import spaces
 
 import impala_rl
 from impala_rl import sizing
-from impala_rl.config import load_config
-from impala_rl.env_defaults import resolve_config
+from impala_rl.config import ModelConfig, load_config
+from impala_rl.env_defaults import IMAGE_REUSE, resolve_config
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.spaces import ObservationConverter
-from impala_rl.nn.factory import build_model_for_env
+from impala_rl.nn.actor_critic import ActorCritic
+from impala_rl.nn.encoders import MinAtarCNN, MLPEncoder, NatureCNN
+from impala_rl.nn.factory import build_model, build_model_for_env
 from impala_rl.policy import load_policy
 from impala_rl.sizing import Machine
 
@@ -174,6 +177,63 @@ def test_a_structured_keys_channels_last_image_reaches_the_model_channels_first(
     frame = spaces.Box(0, 255, (7, 7, 3), np.uint8)
     key = KeyObservation(spaces.Dict({"image": frame, "action_mask": spaces.MultiBinary(2)}), 0)
     assert key.space.shape == (3, 7, 7)
+
+
+def test_the_default_encoder_reads_an_image_with_the_cnn_that_fits_it():
+    """``model.encoder=auto`` (the default): the Nature CNN from 36 pixels a side, the MinAtar
+    CNN below, an MLP for vectors, under every step key and for the value torso too;
+    ``normalize_obs`` normalizes the vectors and leaves an image to its CNN. ``mlp`` keeps the
+    MLP over the pixels that a run saved before ``auto`` trained."""
+    big = spaces.Box(0, 255, (3, 96, 96), np.uint8)
+    small = spaces.Box(0, 255, (4, 10, 10), np.uint8)
+    vector = spaces.Box(-1, 1, (5,), np.float32)
+    act = spaces.Discrete(3)
+
+    def torso(model, key=0):
+        return model.policies[str(key)].torso
+
+    assert ModelConfig().encoder == "auto"
+    assert isinstance(torso(build_model(ModelConfig(), big, act)), NatureCNN)
+    assert isinstance(torso(build_model(ModelConfig(), small, act)), MinAtarCNN)
+    assert isinstance(torso(build_model(ModelConfig(), vector, act)), MLPEncoder)
+    assert isinstance(torso(build_model(ModelConfig(encoder="mlp"), big, act)), MLPEncoder)
+    keyed = ActorCritic({0: small, 1: vector}, {0: act, 1: act}, normalize_obs=True)
+    assert isinstance(torso(keyed, 0), MinAtarCNN) and isinstance(torso(keyed, 1), MLPEncoder)
+    assert isinstance(keyed.critics["0"].torso, MinAtarCNN)  # a value torso of its own
+    assert keyed.observation_normalizer(0) is None
+    assert keyed.observation_normalizer(1) is not None
+    frames = torch.randint(0, 256, (2, 4, 10, 10), dtype=torch.uint8)
+    dist, value = keyed.policy_value(0, frames)
+    assert value.shape == (2,) and dist.sample().shape == (2,)
+
+
+def test_a_preset_that_names_no_encoder_learns_a_channels_last_image_with_a_cnn(tmp_path):
+    """``Frames`` (``[7, 7, 3]``, channels last) under the ``cartpole`` preset, which names no
+    encoder: the model reads ``[3, 7, 7]`` with the MinAtar CNN and learns which action pays."""
+    overrides = [*FAST, "env.id=test_first_try:Frames", "max_env_steps=3072"]
+    cfg = load_config("cartpole", overrides)
+    model = build_model_for_env(cfg.model, EnvFactory(cfg.env.id)())
+    assert isinstance(model.policies["0"].torso, MinAtarCNN)
+    impala_rl.train("cartpole", overrides, run_dir=tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["best_eval_return"] >= 0.9
+
+
+def test_a_family_preset_that_names_no_encoder_gives_an_image_env_a_cnn(caplog):
+    """``env.id=CarRacing-v3`` runs the ``box2d`` preset (tuned on vectors): its 96x96 frames
+    get the Nature CNN with one torso, PPO's Atari reuse, and no normalization (the CNN scales
+    them), said on the console; a vector env of the family keeps the preset's network."""
+    with caplog.at_level(logging.INFO, logger="impala_rl.env_defaults"):
+        cfg = resolve_config(None, ["env.id=CarRacing-v3"])
+    m = cfg.model
+    assert (m.encoder, m.shared_torso, m.normalize_obs) == ("nature_cnn", True, False)
+    assert (cfg.algorithm.num_passes, cfg.algorithm.num_minibatches) == IMAGE_REUSE
+    assert "the box2d preset" in caplog.text and "nature_cnn encoder" in caplog.text
+    env = EnvFactory.of(cfg.env)()
+    assert isinstance(build_model_for_env(m, env).policies["0"].torso, NatureCNN)
+    env.close()
+    lunar = resolve_config(None, ["env.id=LunarLander-v3"])
+    assert lunar.model == load_config("box2d").model
 
 
 # -- 5. one observation of a float32 Box given as float64 ----------------------------------------

@@ -34,7 +34,10 @@ BACKENDS = ("sequential", "subprocess", "ray")
 START_METHODS = ("forkserver", "spawn", "fork")
 INFERENCE_PLACES = ("actor", "central")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")
-ENCODERS = ("mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
+ENCODERS = ("auto", "mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
+VECTOR_ENCODERS = ("auto", "mlp")
+"""The encoders whose torso for vectors is the MLP of ``hidden_sizes`` (``auto``: an image's
+is the CNN that fits it)."""
 CORES = ("none", "lstm")
 INITS = ("builtin", "orthogonal", "torch")
 PRECISIONS = ("fp32", "bf16")
@@ -277,8 +280,11 @@ class ModelConfig:
     """Activation: tanh, relu, elu, gelu or silu."""
     shared_torso: bool = False
     """One torso for policy and value (``true``) or two separate ones."""
-    encoder: str = "mlp"
-    """Torso: ``mlp`` (vectors), ``nature_cnn`` or ``impala_resnet`` (uint8 images [C, H, W]),
+    encoder: str = "auto"
+    """Torso: ``auto``, the one that fits the observation (an MLP for vectors; for a ``uint8``
+    image [C, H, W] the Nature CNN from 36 pixels a side, the MinAtar CNN below; an encoder
+    per entry of a Dict, and per step key); ``mlp`` (vectors; an image flattened, as runs
+    saved before ``auto`` were built), ``nature_cnn`` or ``impala_resnet`` (uint8 images [C, H, W]),
     ``minatar_cnn`` (small images such as MinAtar's 10x10), or your own by import path,
     ``package.module:Class``: built as ``Class(observation_space, **encoder_kwargs)``, an
     ``nn.Module`` with an int ``out_features`` that maps observations ``[N, *obs_shape]`` (in
@@ -321,7 +327,7 @@ class ModelConfig:
     (weights, heads and losses stay float32; the LSTM core stays fp32 on a CPU without
     AVX-512, whose oneDNN has no bf16 LSTM)."""
     channels_last: bool = False
-    """Channels-last memory format for the CNN encoders' convolutions (ignored by ``mlp``)."""
+    """Channels-last memory format for the CNN encoders' convolutions (ignored by an MLP)."""
     shared_policy: bool = False
     """Structured envs: one policy network for every step key (their spaces must be equal)
     instead of one per step key."""
@@ -329,11 +335,11 @@ class ModelConfig:
     """Structured envs: ``per_step_key`` (a critic per step key) or ``shared`` (one critic over
     every sub-step's observation, padded, with a one-hot step key)."""
     actor_hidden_sizes: list[int] | None = None
-    """The policy torso's hidden widths when the torso is not shared (``mlp`` encoder);
-    ``null``: ``hidden_sizes``."""
+    """The policy torso's hidden widths when the torso is not shared (``auto`` or ``mlp``
+    encoder, on vectors); ``null``: ``hidden_sizes``."""
     critic_hidden_sizes: list[int] | None = None
-    """The value torso's hidden widths when the torso is not shared (``mlp`` encoder);
-    ``null``: ``hidden_sizes``."""
+    """The value torso's hidden widths when the torso is not shared (``auto`` or ``mlp``
+    encoder, on vectors); ``null``: ``hidden_sizes``."""
     init: str = "builtin"
     """Weight init: ``builtin`` (each layer's own: orthogonal for MLPs, the Nature CNN, the
     LSTM and the heads, PyTorch's for the ResNet and MinAtar convolutions), ``orthogonal``
@@ -343,7 +349,8 @@ class ModelConfig:
     """Normalize vector observations by their running mean and variance (clipped to +-10):
     updated by the learner from every training batch, kept in the model's state (actors,
     checkpoints, evaluation and ``load_policy`` use it); per step key on structured envs, per
-    vector entry of a Dict observation. ``mlp`` encoder."""
+    vector entry of a Dict observation. ``auto`` or ``mlp`` encoder; under ``auto`` an image
+    is left to its CNN (scaled to [0, 1]), so only the vectors are normalized."""
     normalize_obs_center: bool = True
     """``normalize_obs``: ``true`` subtracts the running mean and divides by the standard
     deviation; ``false`` only divides by the running root mean square (``sqrt(mean² + var)``),
@@ -1119,14 +1126,14 @@ def validate(cfg: RunConfig) -> None:
     check_encoders(m)
     for key, field_name in (("actor_hidden_sizes", "encoder"), ("critic_hidden_sizes", "")):
         encoder = m.encoder if field_name else (m.value_encoder or m.encoder)
-        if getattr(m, key) is not None and (m.shared_torso or encoder != "mlp"):
+        if getattr(m, key) is not None and (m.shared_torso or encoder not in VECTOR_ENCODERS):
             _refuse(
                 f"model.{key}",
-                "null when model.shared_torso is true or its torso's encoder is not mlp (set "
-                "model.hidden_sizes instead)",
+                "null when model.shared_torso is true or its torso's encoder is not auto or mlp "
+                "(set model.hidden_sizes instead)",
                 getattr(m, key),
             )
-    if m.normalize_obs and m.encoder != "mlp":
+    if m.normalize_obs and m.encoder not in VECTOR_ENCODERS:
         reason = (
             "normalize inside your encoder"
             if is_import_path(m.encoder)

@@ -11,7 +11,8 @@ The env's family picks a preset, said on the console:
 - any other env the ``any_env`` preset: nearly on-policy batches reused under the clipped
   surrogate (the family presets' settings), fitted to the env's spaces.
 
-The spaces decide the network (:func:`describe_spaces`): a CNN with one shared torso for an
+The spaces decide the network (:func:`describe_spaces`) for ``any_env`` and for a family
+preset that names no encoder (CarRacing under ``box2d``): a CNN with one shared torso for an
 image observation (the Nature CNN from 36 pixels a side, the MinAtar CNN below; every
 ``uint8`` image reaches the model as ``[C, H, W]``), an encoder per entry for a Dict,
 observation normalization where there are vectors to normalize. On top, for every env:
@@ -54,7 +55,8 @@ from impala_rl.config import (
 )
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.spaces import image_layout
-from impala_rl.envs.structured import is_structured
+from impala_rl.envs.structured import KeyObservation, is_structured
+from impala_rl.nn.encoders import encoder_for, fitting_cnn
 from impala_rl.sizing import size_to_machine
 from impala_rl.startup import resolve_device
 
@@ -84,7 +86,6 @@ SLOW_STEP_S = 5e-4
 """A step this slow (half a millisecond; the ``any_env`` learner spends about as much per env
 step on a laptop core) puts each env in a process of its own (``env.vector=async``)."""
 STEP_TIMING_S = 0.25  # the probe steps this long, or 200 steps, whichever ends first
-NATURE_CNN_MIN_SIDE = 36  # 8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave >= 1 pixel
 IMAGE_REUSE = (4, 4)
 """Passes and minibatches per batch for an ``any_env`` model that runs a CNN: PPO's Atari
 reuse (CleanRL's and RL Zoo's 4 epochs of 4 minibatches of 256 steps; the PPO paper's 3 epochs
@@ -145,7 +146,8 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
     """``("discrete actions, vector observations", model settings)`` for one built env (its
     observations as the model takes them: images ``[C, H, W]``)."""
     if is_structured(env):
-        return "a structured env (spaces per step key)", {}
+        what = ", a CNN per image" if has_image(env) else ""
+        return f"a structured env (spaces per step key{what})", {}
     action = env.action_space
     if isinstance(action, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
         actions = "discrete actions"
@@ -164,8 +166,7 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
     if not _is_model_image(obs):
         return f"{actions}, vector observations", {}
     c, h, w = obs.shape
-    encoder = "nature_cnn" if min(h, w) >= NATURE_CNN_MIN_SIDE else "minatar_cnn"
-    model = {"encoder": encoder, "shared_torso": True, "normalize_obs": False}
+    model = {"encoder": fitting_cnn(obs.shape), "shared_torso": True, "normalize_obs": False}
     return f"{actions}, image observations [{c}, {h}, {w}]", model
 
 
@@ -198,12 +199,17 @@ def _is_model_image(space: Any) -> bool:
 
 
 def has_image(env: Any) -> bool:
-    """Whether ``env``'s observation is an image as the model takes it, or a Dict holding one
-    (the model then runs a CNN); False for a structured env."""
-    if is_structured(env):
-        return False
-    obs = env.observation_space
-    entries = obs.spaces.values() if isinstance(obs, gym.spaces.Dict) else [obs]
+    """Whether ``env``'s observation is an image as the model takes it, or a Dict holding one,
+    for a structured env under any step key (the model then runs a CNN)."""
+    if is_structured(env):  # each key's observation as the model takes it
+        observations = [KeyObservation(s, k).space for k, s in env.observation_spaces.items()]
+    else:
+        observations = [env.observation_space]
+    entries = [
+        entry
+        for obs in observations
+        for entry in (obs.spaces.values() if isinstance(obs, gym.spaces.Dict) else [obs])
+    ]
     return any(_is_model_image(e) for e in entries)
 
 
@@ -230,16 +236,19 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         images = has_image(probe)
         step_s = step_seconds(probe) if family is None else 0.0
         step_keys = len(probe.observation_spaces) if is_structured(probe) else 1
+        observation = None if is_structured(probe) else probe.observation_space
     finally:
         probe.close()
     slow = step_s >= SLOW_STEP_S and not _overridden(overrides, "runner.backend")
+    # A family preset that names no encoder (Gymnasium's, tuned on vectors) leaves the network
+    # to the spaces as any_env does: CarRacing's frames get a CNN, not an MLP over 27,648 pixels.
+    fits_spaces = family is None or load_config(family[0]).model.encoder == "auto"
     # the sequential backend's idle core (actors in processes of their own take the others)
-    cnn_threads = family is None and images and not _overridden(overrides, "runner.backend")
+    cnn_threads = fits_spaces and images and not _overridden(overrides, "runner.backend")
     threshold = reward_threshold(env_cfg.id)
     derived = [f"target_return={'null' if threshold is None else threshold}"]
-    if family is None:  # a family preset has its network and schedule
+    if family is None:  # a family preset has its schedule and budget
         preset = GENERIC_PRESET
-        derived += [f"model.{key}={value}" for key, value in model.items()]
         derived += [
             f"max_env_steps={MAX_ENV_STEPS}",
             "algorithm.patience=0",
@@ -248,6 +257,10 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         ]
         if slow:
             derived.append("env.vector=async")
+    else:
+        preset = family[0]
+    if fits_spaces:
+        derived += [f"model.{key}={value}" for key, value in model.items()]
         if images:
             passes, minibatches = IMAGE_REUSE
             derived += [
@@ -258,8 +271,6 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
             derived.append(
                 f"runner.learner_threads={min(CNN_LEARNER_THREADS, os.cpu_count() or 1)}"
             )
-    else:
-        preset = family[0]
     note = ""
     budget = probe_cfg.max_env_steps  # None unless an override gives it (no preset under it)
     if preset in SHORT_BUDGET_PRESETS and budget is not None and budget <= SHORT_BUDGET:
@@ -293,7 +304,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         chosen = f"the {preset} preset ({family[1]} env{note})"
     of = " of single decisions" if a.minibatch_of == "steps" else ""
     reuse = f"{a.num_passes} passes x {a.num_minibatches} minibatches{of}"
-    if family is None and images and (a.num_passes, a.num_minibatches) == IMAGE_REUSE:
+    if fits_spaces and images and (a.num_passes, a.num_minibatches) == IMAGE_REUSE:
         reuse += " (PPO's Atari reuse for the CNN)"
     reuse = f"{reuse}, " if a.num_passes > 1 else ""
     lr = f"lr {a.lr:g}"
@@ -318,9 +329,11 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     )
     if wanted and refusal is None and resolve_device(a.device).type == "cpu":
         backend += ", the update compiled (torch.compile)"
+    encoder = encoder_for(cfg.model.encoder, observation) if observation is not None else "auto"
+    encoder = "encoders fitted to the spaces" if encoder == "auto" else f"{encoder} encoder"
     line = (
         f"{chosen} for {env_cfg.id} ({spaces}); {target}; {evaluation}; "
-        f"{cfg.model.encoder} encoder, {a.policy_loss} loss, {reuse}{lr}, "
+        f"{encoder}, {a.policy_loss} loss, {reuse}{lr}, "
         f"{backend}, {a.num_actors} actors x {a.envs_per_actor} envs, "
         f"unroll {a.n_rollout_steps}, max_env_steps {cfg.max_env_steps}"
     )

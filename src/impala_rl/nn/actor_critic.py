@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from impala_rl.config import CORES, CRITIC_MODES, PRECISIONS, ConfigError
+from impala_rl.config import CORES, CRITIC_MODES, PRECISIONS, VECTOR_ENCODERS, ConfigError
 from impala_rl.nn.core import CoreState, LSTMCore
 from impala_rl.nn.distributions import (
     ActionDistribution,
@@ -36,7 +36,7 @@ from impala_rl.nn.distributions import (
     encode_actions,
     make_action_head,
 )
-from impala_rl.nn.encoders import MLPEncoder, make_encoder
+from impala_rl.nn.encoders import MLPEncoder, is_image, make_encoder
 from impala_rl.nn.init import VALUE_HEAD
 from impala_rl.nn.normalization import DictObsNorm, RunningObsNorm, obs_norm_for
 from impala_rl.nn.observations import Obs, any_tensor
@@ -92,9 +92,10 @@ class ActorCritic(nn.Module):
 
     ``observation_spaces`` and ``action_spaces`` are one space each (a plain env) or
     ``{step_key: space}``. An observation is a ``Box`` or a ``Dict`` (an encoder per entry,
-    :class:`~impala_rl.nn.encoders.DictEncoder`). The torso is ``encoder``: ``mlp``, a CNN over
-    ``uint8`` images ``[C, H, W]``, or the user's ``package.module:Class`` built from the
-    observation space and ``encoder_kwargs``.
+    :class:`~impala_rl.nn.encoders.DictEncoder`). The torso is ``encoder``: ``auto`` (an MLP
+    for vectors, the CNN that fits a ``uint8`` image ``[C, H, W]``), ``mlp``, a CNN over
+    images, or the user's ``package.module:Class`` built from the observation space and
+    ``encoder_kwargs``.
 
     - ``shared_torso``: each key's critic reads its policy's torso; otherwise a critic has a
       torso of its own, from ``value_encoder`` (and ``value_encoder_kwargs``) when given, and
@@ -109,7 +110,8 @@ class ActorCritic(nn.Module):
     - ``use_last_action_reward``: every head (or the core) also reads the agent's previous
       decision (:meth:`last_inputs`): its action one-hot (or flat) in its step key's block,
       zeros in the other keys' blocks, and the reward since then clipped to [-1, 1].
-    - ``normalize_obs``: running statistics per step key (per vector entry of a Dict),
+    - ``normalize_obs``: running statistics per step key with vectors (per vector entry of a
+      Dict; under ``auto`` an image is its CNN's),
       updated by the learner (``normalize_obs_center=False``: divided by the root mean square,
       not centered); ``popart_beta``: a PopArt head per critic.
     - ``precision="bf16"``: torsos and core under bf16 autocast; ``channels_last``: image
@@ -130,7 +132,7 @@ class ActorCritic(nn.Module):
         hidden_sizes: Sequence[int] = (64, 64),
         activation: str = "tanh",
         shared_torso: bool = False,
-        encoder: str = "mlp",
+        encoder: str = "auto",
         core: str = "none",
         lstm_hidden_size: int = 256,
         use_last_action_reward: bool = False,
@@ -240,10 +242,14 @@ class ActorCritic(nn.Module):
             }
         )
         self.obs_norms: nn.ModuleDict | None = None
-        if normalize_obs:
-            self.obs_norms = nn.ModuleDict(
-                {str(k): obs_norm_for(s, normalize_obs_center) for k, s in obs_spaces.items()}
-            )
+        if normalize_obs:  # the keys with vectors to normalize (auto leaves images to the CNN)
+            norms = {
+                str(k): obs_norm_for(s, normalize_obs_center)
+                for k, s in obs_spaces.items()
+                if not (encoder == "auto" and is_image(s))
+            }
+            kept = {k: norm for k, norm in norms.items() if norm is not None}
+            self.obs_norms = nn.ModuleDict(kept) if kept else None
         # registered after the heads, where earlier checkpoints have them
         if self.core_inputs is not None:
             self.core_inputs = self._modules.pop("core_inputs")  # type: ignore[assignment]
@@ -290,7 +296,9 @@ class ActorCritic(nn.Module):
 
     def observation_normalizer(self, step_key: int = 0) -> RunningObsNorm | DictObsNorm | None:
         """The running statistics ``normalize_obs`` keeps for step key ``step_key``."""
-        return None if self.obs_norms is None else self.obs_norms[str(step_key)]  # type: ignore[return-value]
+        if self.obs_norms is None or str(step_key) not in self.obs_norms:
+            return None
+        return self.obs_norms[str(step_key)]  # type: ignore[return-value]
 
     def normalized(self, step_key: int, obs: Obs) -> Obs:
         """``obs [*batch, *o_k]``, checked, as step key ``step_key``'s torsos read it."""
@@ -623,8 +631,10 @@ def _check_settings(
                     f"{obs_spaces[k0]} / {act_spaces[k0]}"
                 )
     if critic == "shared":
-        if kw["encoder"] != "mlp":
-            raise ValueError(f"critic=shared needs encoder=mlp, got encoder={kw['encoder']!r}")
+        if kw["encoder"] not in VECTOR_ENCODERS:
+            raise ValueError(
+                f"critic=shared needs encoder=auto or mlp, got encoder={kw['encoder']!r}"
+            )
         dicts = [k for k, s in obs_spaces.items() if isinstance(s, gymnasium.spaces.Dict)]
         if dicts:
             raise ValueError(

@@ -82,7 +82,7 @@ class _ImageEncoder(nn.Module):
         if len(obs_shape) != 3:
             raise ValueError(
                 f"{type(self).__name__} needs image observations [C, H, W], got shape "
-                f"{tuple(obs_shape)}; use model.encoder=mlp for vectors"
+                f"{tuple(obs_shape)}; use model.encoder=auto for vectors"
             )
         self.obs_shape = tuple(int(d) for d in obs_shape)
         self.channels_last = False
@@ -342,6 +342,30 @@ IMAGE_ENCODERS = ("nature_cnn", "impala_resnet", "minatar_cnn")
 NATURE_CNN_MIN_SIDE = 36  # 8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave >= 1 pixel
 
 
+def is_image(space: gymnasium.Space | None) -> bool:
+    """A ``uint8 [C, H, W]`` Box: an image as the model takes it."""
+    return (
+        isinstance(space, gymnasium.spaces.Box)
+        and space.dtype == np.uint8
+        and len(space.shape) == 3
+    )
+
+
+def fitting_cnn(shape: Sequence[int]) -> str:
+    """The built-in CNN that fits an image ``[C, H, W]``: the Nature CNN from
+    :data:`NATURE_CNN_MIN_SIDE` pixels a side, the MinAtar CNN below."""
+    return "nature_cnn" if min(shape[1:]) >= NATURE_CNN_MIN_SIDE else "minatar_cnn"
+
+
+def encoder_for(kind: str, space: gymnasium.Space | None) -> str:
+    """What ``kind`` builds for observations of ``space``: ``auto`` resolved for a Box (the
+    CNN that fits an image, ``mlp`` otherwise); any other kind, and ``auto`` on a Dict (an
+    encoder per entry), as given."""
+    if kind != "auto" or isinstance(space, gymnasium.spaces.Dict):
+        return kind
+    return fitting_cnn(space.shape) if is_image(space) else "mlp"
+
+
 class DictEncoder(nn.Module):
     """An encoder per entry of a Dict observation, their features concatenated: the CNN that
     fits an image entry (``kind`` when it names one, else the Nature CNN from 36 pixels a
@@ -366,10 +390,8 @@ class DictEncoder(nn.Module):
             shape = tuple(sub.shape)
             if isinstance(sub, gymnasium.spaces.Discrete):
                 encoders[name] = OneHotEncoder(int(sub.n))
-            elif sub.dtype == np.uint8 and len(shape) == 3:
-                image = kind if kind in IMAGE_ENCODERS else None
-                if image is None:
-                    image = "nature_cnn" if min(shape[1:]) >= NATURE_CNN_MIN_SIDE else "minatar_cnn"
+            elif is_image(sub):
+                image = kind if kind in IMAGE_ENCODERS else fitting_cnn(shape)
                 encoders[name] = make_encoder(image, shape)
             elif vectors == "joint":
                 joint[name] = shape
@@ -427,8 +449,8 @@ def make_encoder(
     field: str = "model.encoder",
     dict_vectors: str = "joint",
 ) -> nn.Module:
-    """An encoder with an ``out_features`` attribute: ``mlp``, ``nature_cnn``,
-    ``impala_resnet``, ``minatar_cnn``, or ``package.module:Class`` (an
+    """An encoder with an ``out_features`` attribute: ``auto`` (:func:`encoder_for`),
+    ``mlp``, ``nature_cnn``, ``impala_resnet``, ``minatar_cnn``, or ``package.module:Class`` (an
     :class:`ImportedEncoder` built from ``observation_space`` and ``kwargs``; ``field`` names
     the config field in its errors)."""
     if ":" in kind:
@@ -437,7 +459,8 @@ def make_encoder(
         return ImportedEncoder(kind, observation_space, kwargs, field)
     if isinstance(observation_space, gymnasium.spaces.Dict):
         return DictEncoder(observation_space, kind, hidden_sizes, activation, dict_vectors)
-    if kind == "mlp":
+    kind = encoder_for(kind, observation_space)
+    if kind in ("auto", "mlp"):  # auto without a space: vectors
         return MLPEncoder(obs_shape, hidden_sizes, activation)
     if kind == "nature_cnn":
         return NatureCNN(obs_shape)

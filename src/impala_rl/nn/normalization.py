@@ -116,9 +116,12 @@ class DictObsNorm(nn.Module):
         return {k: self.norms[index[k]](v) if k in index else v for k, v in x.items()}
 
 
-def obs_norm_for(space: gymnasium.Space, center: bool = True) -> RunningObsNorm | DictObsNorm:
+def obs_norm_for(
+    space: gymnasium.Space, center: bool = True
+) -> RunningObsNorm | DictObsNorm | None:
     """The statistics ``normalize_obs`` keeps for observations of ``space``: one
-    :class:`RunningObsNorm` for a ``Box``, one per vector (float32) entry of a ``Dict``."""
+    :class:`RunningObsNorm` for a ``Box``, one per vector (float32) entry of a ``Dict``;
+    ``None`` for a Dict without vectors (its images are their CNNs', its indices one-hot)."""
     if not isinstance(space, gymnasium.spaces.Dict):
         return RunningObsNorm(tuple(space.shape or ()), center=center)
     vectors = {
@@ -126,9 +129,4 @@ def obs_norm_for(space: gymnasium.Space, center: bool = True) -> RunningObsNorm 
         for k, s in space.spaces.items()
         if isinstance(s, gymnasium.spaces.Box) and s.dtype == np.float32
     }
-    if not vectors:
-        raise ValueError(
-            "normalize_obs normalizes vector entries; this Dict observation has none "
-            f"({', '.join(space.spaces)}); set model.normalize_obs=false"
-        )
-    return DictObsNorm(vectors, center=center)
+    return DictObsNorm(vectors, center=center) if vectors else None
