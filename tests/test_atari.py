@@ -51,7 +51,7 @@ def test_impala_resnet_has_the_papers_stages():
 def test_image_encoders_refuse_vectors_and_unknown_kinds():
     with pytest.raises(ValueError, match=r"image observations \[C, H, W\]"):
         NatureCNN((4,))
-    with pytest.raises(ValueError, match="valid: mlp, nature_cnn, impala_resnet"):
+    with pytest.raises(ValueError, match="valid: auto, mlp, nature_cnn, impala_resnet"):
         make_encoder("vit", (4, 84, 84))
     assert isinstance(make_encoder("mlp", (4,)), MLPEncoder)
 
