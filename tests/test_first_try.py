@@ -207,6 +207,23 @@ def test_the_default_encoder_reads_an_image_with_the_cnn_that_fits_it():
     assert value.shape == (2,) and dist.sample().shape == (2,)
 
 
+def test_the_default_encoder_reads_an_image_too_small_for_a_convolution_with_an_mlp():
+    """A ``uint8 [C, H, W]`` Box with a side under 3 pixels fits no built-in CNN (the MinAtar
+    CNN's 3x3 convolution would refuse it): ``auto`` flattens it into an MLP, plain and in a
+    Dict, and the model runs."""
+    tiny = spaces.Box(0, 255, (3, 2, 5), np.uint8)
+    act = spaces.Discrete(3)
+    model = build_model(ModelConfig(), tiny, act)
+    assert isinstance(model.policies["0"].torso, MLPEncoder)
+    frames = torch.randint(0, 256, (4, 3, 2, 5), dtype=torch.uint8)
+    dist, value = model.policy_value(0, frames)
+    assert value.shape == (4,) and dist.sample().shape == (4,)
+    both = spaces.Dict({"tiny": tiny, "pos": spaces.Box(-1, 1, (2,), np.float32)})
+    model = build_model(ModelConfig(), both, act)
+    dist, value = model.policy_value(0, {"tiny": frames, "pos": torch.zeros(4, 2)})
+    assert value.shape == (4,)
+
+
 def test_a_preset_that_names_no_encoder_learns_a_channels_last_image_with_a_cnn(tmp_path):
     """``Frames`` (``[7, 7, 3]``, channels last) under the ``cartpole`` preset, which names no
     encoder: the model reads ``[3, 7, 7]`` with the MinAtar CNN and learns which action pays."""

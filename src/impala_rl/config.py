@@ -282,10 +282,11 @@ class ModelConfig:
     """One torso for policy and value (``true``) or two separate ones."""
     encoder: str = "auto"
     """Torso: ``auto``, the one that fits the observation (an MLP for vectors; for a ``uint8``
-    image [C, H, W] the Nature CNN from 36 pixels a side, the MinAtar CNN below; an encoder
-    per entry of a Dict, and per step key); ``mlp`` (vectors; an image flattened, as runs
-    saved before ``auto`` were built), ``nature_cnn`` or ``impala_resnet`` (uint8 images [C, H, W]),
-    ``minatar_cnn`` (small images such as MinAtar's 10x10), or your own by import path,
+    image [C, H, W] the Nature CNN from 36 pixels a side, the MinAtar CNN below, an MLP under
+    3 pixels; an encoder per entry of a Dict, and per step key); ``mlp`` (vectors; an image
+    flattened, as runs saved before ``auto`` were built), ``nature_cnn`` or ``impala_resnet``
+    (uint8 images [C, H, W]), ``minatar_cnn`` (small images such as MinAtar's 10x10), or your
+    own by import path,
     ``package.module:Class``: built as ``Class(observation_space, **encoder_kwargs)``, an
     ``nn.Module`` with an int ``out_features`` that maps observations ``[N, *obs_shape]`` (in
     the space's dtype: images stay uint8) to features ``[N, out_features]``. The heads, core,

@@ -13,9 +13,10 @@ The env's family picks a preset, said on the console:
 
 The spaces decide the network (:func:`describe_spaces`) for ``any_env`` and for a family
 preset that names no encoder (CarRacing under ``box2d``): a CNN with one shared torso for an
-image observation (the Nature CNN from 36 pixels a side, the MinAtar CNN below; every
-``uint8`` image reaches the model as ``[C, H, W]``), an encoder per entry for a Dict,
-observation normalization where there are vectors to normalize. On top, for every env:
+image observation (the Nature CNN from 36 pixels a side, the MinAtar CNN below, an MLP
+under 3 pixels; every ``uint8`` image reaches the model as ``[C, H, W]``), an encoder per
+entry for a Dict, observation normalization where there are vectors to normalize. On top,
+for every env:
 
 - ``target_return``: the env's Gymnasium ``spec.reward_threshold`` where it defines one, else
   ``null`` (no early stop), never another env's target;
@@ -54,9 +55,8 @@ from impala_rl.config import (
     user_file_keys,
 )
 from impala_rl.envs import EnvFactory
-from impala_rl.envs.spaces import image_layout
 from impala_rl.envs.structured import KeyObservation, is_structured
-from impala_rl.nn.encoders import encoder_for, fitting_cnn
+from impala_rl.nn.encoders import encoder_for, fitting_cnn, is_image
 from impala_rl.sizing import size_to_machine
 from impala_rl.startup import resolve_device
 
@@ -163,7 +163,7 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
         what += ", a CNN per image" if has_image(env) else ""
         model = {} if vectors else {"normalize_obs": False}
         return f"{actions}, {what})", model
-    if not _is_model_image(obs):
+    if not is_image(obs):
         return f"{actions}, vector observations", {}
     c, h, w = obs.shape
     model = {"encoder": fitting_cnn(obs.shape), "shared_torso": True, "normalize_obs": False}
@@ -193,11 +193,6 @@ def step_seconds(env: Any, budget_s: float = STEP_TIMING_S, max_steps: int = 200
     return spent / steps
 
 
-def _is_model_image(space: Any) -> bool:
-    """An image as the model takes it, ``uint8 [C, H, W]`` (the probe observes in that form)."""
-    return image_layout(space) == "chw"
-
-
 def has_image(env: Any) -> bool:
     """Whether ``env``'s observation is an image as the model takes it, or a Dict holding one,
     for a structured env under any step key (the model then runs a CNN)."""
@@ -210,7 +205,7 @@ def has_image(env: Any) -> bool:
         for obs in observations
         for entry in (obs.spaces.values() if isinstance(obs, gym.spaces.Dict) else [obs])
     ]
-    return any(_is_model_image(e) for e in entries)
+    return any(is_image(e) for e in entries)
 
 
 def _is_vector(space: Any) -> bool:

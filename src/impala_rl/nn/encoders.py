@@ -340,6 +340,7 @@ class OneHotEncoder(nn.Module):
 
 IMAGE_ENCODERS = ("nature_cnn", "impala_resnet", "minatar_cnn")
 NATURE_CNN_MIN_SIDE = 36  # 8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave >= 1 pixel
+MINATAR_CNN_MIN_SIDE = 3  # its one 3x3 convolution, stride 1
 
 
 def is_image(space: gymnasium.Space | None) -> bool:
@@ -352,9 +353,13 @@ def is_image(space: gymnasium.Space | None) -> bool:
 
 
 def fitting_cnn(shape: Sequence[int]) -> str:
-    """The built-in CNN that fits an image ``[C, H, W]``: the Nature CNN from
-    :data:`NATURE_CNN_MIN_SIDE` pixels a side, the MinAtar CNN below."""
-    return "nature_cnn" if min(shape[1:]) >= NATURE_CNN_MIN_SIDE else "minatar_cnn"
+    """The built-in encoder that fits an image ``[C, H, W]``: the Nature CNN from
+    :data:`NATURE_CNN_MIN_SIDE` pixels a side, the MinAtar CNN from
+    :data:`MINATAR_CNN_MIN_SIDE`, and below that (no convolution fits) an MLP."""
+    side = min(shape[1:])
+    if side >= NATURE_CNN_MIN_SIDE:
+        return "nature_cnn"
+    return "minatar_cnn" if side >= MINATAR_CNN_MIN_SIDE else "mlp"
 
 
 def encoder_for(kind: str, space: gymnasium.Space | None) -> str:
@@ -369,9 +374,9 @@ def encoder_for(kind: str, space: gymnasium.Space | None) -> str:
 class DictEncoder(nn.Module):
     """An encoder per entry of a Dict observation, their features concatenated: the CNN that
     fits an image entry (``kind`` when it names one, else the Nature CNN from 36 pixels a
-    side, the MinAtar CNN below), a one-hot for a ``Discrete`` entry, and for the vectors
-    one MLP over all of them concatenated (``vectors="joint"``) or an MLP each
-    (``"per_entry"``, as runs of an earlier version were built).
+    side, the MinAtar CNN below, an MLP under 3 pixels), a one-hot for a ``Discrete`` entry,
+    and for the vectors one MLP over all of them concatenated (``vectors="joint"``) or an MLP
+    each (``"per_entry"``, as runs of an earlier version were built).
 
     Takes ``{entry: [*batch, *o_entry]}`` and returns ``[*batch, out_features]``."""
 
@@ -460,7 +465,7 @@ def make_encoder(
     if isinstance(observation_space, gymnasium.spaces.Dict):
         return DictEncoder(observation_space, kind, hidden_sizes, activation, dict_vectors)
     kind = encoder_for(kind, observation_space)
-    if kind in ("auto", "mlp"):  # auto without a space: vectors
+    if kind == "mlp":
         return MLPEncoder(obs_shape, hidden_sizes, activation)
     if kind == "nature_cnn":
         return NatureCNN(obs_shape)

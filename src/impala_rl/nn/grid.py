@@ -22,15 +22,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from impala_rl.nn.encoders import is_image
+
 __all__ = ["GridEncoder"]
-
-
-def _is_image(space: gymnasium.Space) -> bool:
-    return (
-        isinstance(space, gymnasium.spaces.Box)
-        and space.dtype == np.uint8
-        and len(space.shape) == 3
-    )
 
 
 class GridEncoder(nn.Module):
@@ -69,7 +63,7 @@ class GridEncoder(nn.Module):
             self.others = {k: s for k, s in observation_space.spaces.items() if k != image_key}
         else:
             image, self.others = observation_space, {}
-        if not _is_image(image):
+        if not is_image(image):
             raise ValueError(f"the grid entry must be a uint8 [C, H, W] Box, got {image}")
         self.image_key = image_key
         self.is_dict = isinstance(observation_space, gymnasium.spaces.Dict)
