@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -16,7 +17,7 @@ from gymnasium import spaces
 import impala_rl
 from impala_rl import sizing
 from impala_rl.config import ModelConfig, load_config
-from impala_rl.env_defaults import IMAGE_REUSE, resolve_config
+from impala_rl.env_defaults import IMAGE_REUSE, describe_spaces, resolve_config
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.spaces import ObservationConverter
 from impala_rl.nn.actor_critic import ActorCritic
@@ -210,7 +211,7 @@ def test_the_default_encoder_reads_an_image_with_the_cnn_that_fits_it():
 def test_the_default_encoder_reads_an_image_too_small_for_a_convolution_with_an_mlp():
     """A ``uint8 [C, H, W]`` Box with a side under 3 pixels fits no built-in CNN (the MinAtar
     CNN's 3x3 convolution would refuse it): ``auto`` flattens it into an MLP, plain and in a
-    Dict, and the model runs."""
+    Dict, the model runs, and it is read as a vector (normalized, no CNN settings)."""
     tiny = spaces.Box(0, 255, (3, 2, 5), np.uint8)
     act = spaces.Discrete(3)
     model = build_model(ModelConfig(), tiny, act)
@@ -222,6 +223,11 @@ def test_the_default_encoder_reads_an_image_too_small_for_a_convolution_with_an_
     model = build_model(ModelConfig(), both, act)
     dist, value = model.policy_value(0, {"tiny": frames, "pos": torch.zeros(4, 2)})
     assert value.shape == (4,)
+    # its MLP reads raw values: normalize_obs normalizes them, as a vector's, and the env
+    # gets no CNN settings (PPO's Atari reuse, a shared torso)
+    assert ActorCritic({0: tiny}, {0: act}, normalize_obs=True).observation_normalizer(0)
+    env = SimpleNamespace(observation_space=tiny, action_space=act)
+    assert describe_spaces(env) == ("discrete actions, vector observations", {})
 
 
 def test_a_preset_that_names_no_encoder_learns_a_channels_last_image_with_a_cnn(tmp_path):

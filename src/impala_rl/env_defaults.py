@@ -56,7 +56,7 @@ from impala_rl.config import (
 )
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.structured import KeyObservation, is_structured
-from impala_rl.nn.encoders import encoder_for, fitting_cnn, is_image
+from impala_rl.nn.encoders import encoder_for, fitting_cnn, is_cnn_image
 from impala_rl.sizing import size_to_machine
 from impala_rl.startup import resolve_device
 
@@ -163,7 +163,7 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
         what += ", a CNN per image" if has_image(env) else ""
         model = {} if vectors else {"normalize_obs": False}
         return f"{actions}, {what})", model
-    if not is_image(obs):
+    if not is_cnn_image(obs):  # vectors, or an image too small for a convolution
         return f"{actions}, vector observations", {}
     c, h, w = obs.shape
     model = {"encoder": fitting_cnn(obs.shape), "shared_torso": True, "normalize_obs": False}
@@ -194,8 +194,9 @@ def step_seconds(env: Any, budget_s: float = STEP_TIMING_S, max_steps: int = 200
 
 
 def has_image(env: Any) -> bool:
-    """Whether ``env``'s observation is an image as the model takes it, or a Dict holding one,
-    for a structured env under any step key (the model then runs a CNN)."""
+    """Whether ``env``'s observation is an image that the model reads with a CNN
+    (:func:`~impala_rl.nn.encoders.is_cnn_image`), or a Dict holding one, for a structured env
+    under any step key."""
     if is_structured(env):  # each key's observation as the model takes it
         observations = [KeyObservation(s, k).space for k, s in env.observation_spaces.items()]
     else:
@@ -205,7 +206,7 @@ def has_image(env: Any) -> bool:
         for obs in observations
         for entry in (obs.spaces.values() if isinstance(obs, gym.spaces.Dict) else [obs])
     ]
-    return any(is_image(e) for e in entries)
+    return any(is_cnn_image(e) for e in entries)
 
 
 def _is_vector(space: Any) -> bool:

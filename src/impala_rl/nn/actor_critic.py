@@ -36,7 +36,7 @@ from impala_rl.nn.distributions import (
     encode_actions,
     make_action_head,
 )
-from impala_rl.nn.encoders import MLPEncoder, is_image, make_encoder
+from impala_rl.nn.encoders import MLPEncoder, is_cnn_image, make_encoder
 from impala_rl.nn.init import VALUE_HEAD
 from impala_rl.nn.normalization import DictObsNorm, RunningObsNorm, obs_norm_for
 from impala_rl.nn.observations import Obs, any_tensor
@@ -246,7 +246,7 @@ class ActorCritic(nn.Module):
             norms = {
                 str(k): obs_norm_for(s, normalize_obs_center)
                 for k, s in obs_spaces.items()
-                if not (encoder == "auto" and is_image(s))
+                if not (encoder == "auto" and is_cnn_image(s))
             }
             kept = {k: norm for k, norm in norms.items() if norm is not None}
             self.obs_norms = nn.ModuleDict(kept) if kept else None

@@ -362,6 +362,12 @@ def fitting_cnn(shape: Sequence[int]) -> str:
     return "minatar_cnn" if side >= MINATAR_CNN_MIN_SIDE else "mlp"
 
 
+def is_cnn_image(space: gymnasium.Space | None) -> bool:
+    """An image that ``auto`` reads with a CNN: :func:`is_image`, and not too small for a
+    convolution (:func:`fitting_cnn`)."""
+    return is_image(space) and fitting_cnn(space.shape) != "mlp"
+
+
 def encoder_for(kind: str, space: gymnasium.Space | None) -> str:
     """What ``kind`` builds for observations of ``space``: ``auto`` resolved for a Box (the
     CNN that fits an image, ``mlp`` otherwise); any other kind, and ``auto`` on a Dict (an
