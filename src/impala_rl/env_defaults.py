@@ -13,10 +13,10 @@ The env's family picks a preset, said on the console:
 
 The spaces decide the network (:func:`describe_spaces`) for ``any_env`` and for a family
 preset that names no encoder (CarRacing under ``box2d``): a CNN with one shared torso for an
-image observation (the Nature CNN from 36 pixels a side, the MinAtar CNN below, an MLP
-under 3 pixels; every ``uint8`` image reaches the model as ``[C, H, W]``), an encoder per
-entry for a Dict, observation normalization where there are vectors to normalize. On top,
-for every env:
+image observation (the Nature CNN from 36 pixels a side, the MinAtar CNN below; one under 3
+pixels a side is read as a vector; every ``uint8`` image reaches the model as ``[C, H, W]``),
+an encoder per entry for a Dict, observation normalization where there are vectors to
+normalize. On top, for every env:
 
 - ``target_return``: the env's Gymnasium ``spec.reward_threshold`` where it defines one, else
   ``null`` (no early stop), never another env's target;
