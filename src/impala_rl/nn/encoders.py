@@ -380,9 +380,10 @@ def encoder_for(kind: str, space: gymnasium.Space | None) -> str:
 class DictEncoder(nn.Module):
     """An encoder per entry of a Dict observation, their features concatenated: the CNN that
     fits an image entry (``kind`` when it names one, else the Nature CNN from 36 pixels a
-    side, the MinAtar CNN below, an MLP under 3 pixels), a one-hot for a ``Discrete`` entry,
-    and for the vectors one MLP over all of them concatenated (``vectors="joint"``) or an MLP
-    each (``"per_entry"``, as runs of an earlier version were built).
+    side, the MinAtar CNN below; one under 3 pixels a side is a vector), a one-hot for a
+    ``Discrete`` entry, and for the vectors one MLP over all of them concatenated
+    (``vectors="joint"``) or an MLP each (``"per_entry"``, as runs of an earlier version were
+    built).
 
     Takes ``{entry: [*batch, *o_entry]}`` and returns ``[*batch, out_features]``."""
 
@@ -401,9 +402,10 @@ class DictEncoder(nn.Module):
             shape = tuple(sub.shape)
             if isinstance(sub, gymnasium.spaces.Discrete):
                 encoders[name] = OneHotEncoder(int(sub.n))
-            elif is_image(sub):
-                image = kind if kind in IMAGE_ENCODERS else fitting_cnn(shape)
-                encoders[name] = make_encoder(image, shape)
+            elif is_image(sub) and kind in IMAGE_ENCODERS:
+                encoders[name] = make_encoder(kind, shape)
+            elif is_cnn_image(sub):
+                encoders[name] = make_encoder(fitting_cnn(shape), shape)
             elif vectors == "joint":
                 joint[name] = shape
             else:
