@@ -387,9 +387,8 @@ class RunnerConfig:
     most of the time and the device has room."""
     size_to_machine: bool = False
     """Size the preset to the machine at start-up (:mod:`impala_rl.sizing`): actors from the
-    cores, the learner and central inference on a GPU, batch and epoch to match; bf16 for a
-    CPU learner's Nature CNN on a CPU with bf16 units (AVX512-BF16, AMX); settings given as
-    overrides stay. 2 cores: the preset as written, but for bf16."""
+    cores, the learner and central inference on a GPU, batch and epoch to match; settings
+    given as overrides stay; precision is never sized. 2 cores: the preset as written."""
     sized_for: str | None = None
     """The machine a sized run was sized for (set at start-up; a resume keeps the sizes)."""
     start_method: str = "forkserver"

@@ -13,11 +13,11 @@ this process sees, for the settings the user did not give (an override always wi
 - **no GPU, more than 2 cores**: half the cores step envs (one actor process each, one
   stepping thread), the other half run the learner (``runner.learner_threads``), a batch of
   one unroll per actor (not measured beyond 2 cores);
-- **2 cores or fewer**: the preset as written;
-- **a CPU with bf16 units** (AVX512-BF16 or AMX) and the learner on it: ``model.precision=bf16``
-  for the encoders in :data:`BF16_ENCODERS`, on any number of cores. Measured on a 2-core AMD
-  EPYC with AVX512-BF16 (docs/performance.md): a ``pong_appo`` batch's learner work 0.67x of
-  fp32's. Without bf16 units bf16 is slower, and on a GPU box it was not measured: fp32 there.
+- **2 cores or fewer**: the preset as written.
+
+Precision is never sized: ``model.precision=bf16`` is the user's choice. On a CPU with bf16
+units it makes a ``pong_appo`` batch 0.67x fp32's, but no bf16 seed reached +18 within 1.5M
+env steps where fp32 did on 2 of 3 (docs/results.md, "bf16 and Pong's last points").
 
 ``algorithm.epoch_length`` is scaled by the preset's batch over the new one, so an epoch
 stays the same number of env steps. What was chosen is said on the log and kept in the run's
@@ -37,32 +37,16 @@ log = logging.getLogger(__name__)
 CORES_PER_SERVER = 8
 """Central inference servers on a GPU box: one per this many cores."""
 
-BF16_ENCODERS = frozenset({"nature_cnn"})
-"""Encoders measured faster under bf16 autocast on a CPU with bf16 units."""
-
 
 @dataclass(frozen=True)
 class Machine:
-    """What a run can use: cores (this process's affinity), whether the CPU has bf16 units,
-    and the GPU's name, if any."""
+    """What a run can use: cores (this process's affinity) and the GPU's name, if any."""
 
     cores: int
     gpu: str | None = None
-    cpu_bf16: bool = False
 
     def __str__(self) -> str:
-        cpu = f"{self.cores} cores" + (" with bf16 units" if self.cpu_bf16 else "")
-        return cpu + (f", {self.gpu}" if self.gpu else ", no GPU")
-
-
-def cpu_has_bf16_units() -> bool:
-    """Whether this CPU computes bf16 in hardware (AVX512-BF16 or AMX), as oneDNN uses it."""
-    try:
-        import torch
-
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    except Exception:  # an older torch without the query counts as none
-        return False
+        return f"{self.cores} cores" + (f", {self.gpu}" if self.gpu else ", no GPU")
 
 
 def detect_machine() -> Machine:
@@ -79,7 +63,7 @@ def detect_machine() -> Machine:
             gpu = torch.cuda.get_device_name(0)
     except Exception:  # a broken CUDA install counts as none
         gpu = None
-    return Machine(cores, gpu, cpu_has_bf16_units())
+    return Machine(cores, gpu)
 
 
 def _given(overrides: list[str]) -> set[str]:
@@ -89,15 +73,12 @@ def _given(overrides: list[str]) -> set[str]:
 def sized_settings(cfg: RunConfig, machine: Machine, given: set[str] | None = None) -> dict:
     """The settings ``machine`` gives ``cfg`` (dotted keys); those in ``given`` (the user's
     overrides, already in ``cfg``) are left out and the others follow them (a given actor
-    count sets the batch). Empty for a machine of 2 cores or fewer without a GPU or bf16 units."""
+    count sets the batch). Empty for a machine of 2 cores or fewer without a GPU."""
     given = given or set()
     on_gpu = machine.gpu is not None and (
         "algorithm.device" not in given or cfg.algorithm.device != "cpu"
     )
     out = _process_layout(cfg, machine, on_gpu, given)
-    fp32_cnn = cfg.model.encoder in BF16_ENCODERS and cfg.model.precision == "fp32"
-    if not on_gpu and machine.cpu_bf16 and fp32_cnn:
-        out["model.precision"] = "bf16"
     return {k: v for k, v in out.items() if k not in given}
 
 
