@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    torch.manual_seed(0)  # the sampled actions, so a checkpoint's figures repeat
     policy = load_policy(args.run_dir, args.which)
     fp32 = policy.model
     env = policy.env_factory()
@@ -80,8 +81,18 @@ def main() -> None:
     B = args.columns
     T = len(x) // B
     x = x[: T * B]
+    outputs: dict[str, list[Tensor]] = {"fp32": [], "bf16": []}
+    hooks = [  # each torso layer's output, on the forward below
+        layer.register_forward_hook(lambda m, i, out, k=key: outputs[k].append(out.float()))
+        for key, model in (("fp32", fp32), ("bf16", bf16))
+        for layer in model.policies["0"].torso.modules()
+        if isinstance(layer, (nn.Conv2d, nn.Linear))
+    ]
     with torch.no_grad():
         d32, d16 = fp32.policy(0, x), bf16.policy(0, x)
+    for hook in hooks:
+        hook.remove()
+    with torch.no_grad():
         actions = d32.sample()
         drift = d16.log_prob(actions) - d32.log_prob(actions)
         greedy = (d32.logits.argmax(-1) != d16.logits.argmax(-1)).float().mean()
@@ -97,17 +108,6 @@ def main() -> None:
         f"bf16 log ratio, learner [T, B] against actor [B]: std {(learner - actor).std():.2e}, "
         f"max {(learner - actor).abs().max():.2e}"
     )
-    outputs: dict[str, list[Tensor]] = {"fp32": [], "bf16": []}
-    hooks = [
-        layer.register_forward_hook(lambda m, i, out, k=key: outputs[k].append(out.float()))
-        for key, model in (("fp32", fp32), ("bf16", bf16))
-        for layer in model._policy_net(0).torso.modules()
-        if isinstance(layer, (nn.Conv2d, nn.Linear))
-    ]
-    with torch.no_grad():
-        fp32.policy(0, x), bf16.policy(0, x)
-    for hook in hooks:
-        hook.remove()
     for i, (a, b) in enumerate(zip(outputs["fp32"], outputs["bf16"], strict=True)):
         A, D = a.flatten(1), (b - a).flatten(1)
         varies = (A - A.mean(0)).norm() / A.norm()
