@@ -32,6 +32,18 @@ def test_a_gpu_box_gets_the_measured_settings_with_no_override():
     assert r.sized_for == "16 cores, NVIDIA H100 80GB HBM3"
 
 
+def test_the_atari_preset_is_sized_as_pong_is():
+    """`impala train atari` on a GPU box puts its learner on the GPU with an actor per core,
+    and an epoch stays the preset's env steps; on 2 cores it runs as written."""
+    cfg = size_to_machine(load_config("atari"), [], GPU_BOX)
+    a = cfg.algorithm
+    assert (a.device, a.num_actors, a.actors_batch_size) == ("cuda", 16, 4)
+    assert cfg.runner.inference == "central"
+    written = load_config("atari").algorithm
+    assert a.epoch_length * a.actors_batch_size == written.epoch_length * written.actors_batch_size
+    assert size_to_machine(load_config("atari"), [], Machine(2)).algorithm == written
+
+
 def test_a_many_core_machine_without_a_gpu_splits_the_cores():
     cfg = size_to_machine(load_config("pong"), [], Machine(16))
     a = cfg.algorithm
