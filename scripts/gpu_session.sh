@@ -4,7 +4,7 @@
 #
 #     bash scripts/gpu_session.sh            # ~450 s: step breakdown, batch_update, 2 seeds
 #     LEVERS=1 bash scripts/gpu_session.sh   # ~500 s: seed 1 under each sample-efficiency lever
-#     BREAKOUT=1 bash scripts/gpu_session.sh # ~560 s: the `atari` preset's Breakout, resumable
+#     BREAKOUT=1 bash scripts/gpu_session.sh # ~540 s: the `atari` preset's Breakout, resumable
 #
 # 1. benchmarks/step_breakdown.py and batch_update.py for pong_appo at B=4, with the weights
 #    published after every step and once per batch (algorithm.broadcast_every=null);
@@ -19,10 +19,10 @@
 # steps), or 16 minibatches of the sized batch; or the sized batch's 12 steps at twice the lr.
 # Both of the first two raise the lag in optimizer steps 4x (~190): the lag in env steps stays.
 # 140 s of training each, to fit one device call.
-# With BREAKOUT=1, instead: `impala train atari seed=1` (Breakout, 10M env steps, sized to the
-# box) for 480 s of training in runs/gpu-breakout-seed1, or resumed from it for 480 s more when
-# it is there. Runs/ stays on a warm machine between calls; the run comes back under
-# $OUT/gpu-breakout-seed1 (its last checkpoint): put it in runs/ and carry it to a cold one.
+# With BREAKOUT=1, instead: `benchmarks/learning.py atari --seeds 1` (Breakout, 10M env steps,
+# sized to the box) for 480 s in runs/gpu-breakout, continued from its checkpoint by the next
+# call; its curve per million env steps. Runs/ stays on a warm machine between calls; the run
+# also comes back under $OUT/gpu-breakout: put it in runs/ and carry it to a cold one.
 set -u
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/gpu-session}"
@@ -64,40 +64,27 @@ train() {  # train NAME SEED OVERRIDES...: one budgeted run of pong_appo, then i
     report "$run" "$start" "$end"
 }
 if [ "${BREAKOUT:-0}" = 1 ]; then
-    run=runs/gpu-breakout-seed1
-    [ "${DRY:-0}" = 1 ] && run="$OUT/runs/gpu-breakout-seed1" || WALL=480
-    if [ -f "$run/summary.json" ]; then  # the wall-time budget counts the earlier calls' time
-        done_s=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['wall_time_s'])" \
-            "$run/summary.json")
-        set -- --resume "$run" max_wall_time_s=$("$PY" -c "print($done_s + $WALL)")
+    # benchmarks/learning.py continues the run from its checkpoint when started again; each
+    # call gives it WALL s, then timeout's SIGTERM stops the trainer with a checkpoint.
+    bench=runs/gpu-breakout small=()
+    if [ "${DRY:-0}" = 1 ]; then
+        bench="$OUT/gpu-breakout"
+        small=(algorithm.n_rollout_steps=16 algorithm.epoch_length=1 algorithm.actors_batch_size=2
+            algorithm.rollout_evaluator.n_episodes=1 algorithm.rollout_evaluator.max_episode_steps=300)
     else
-        set -- atari seed=1 max_wall_time_s=$WALL --run-dir "$run"
-        [ "${DRY:-0}" = 1 ] && set -- "$@" algorithm.n_rollout_steps=16 algorithm.epoch_length=1 \
-            algorithm.actors_batch_size=2 algorithm.rollout_evaluator.n_episodes=1 \
-            algorithm.rollout_evaluator.max_episode_steps=300
+        WALL=480
     fi
-    timeout $((WALL + 120)) "$PY" -m impala_rl.cli train "$@" log.console=false \
-        > "$OUT/breakout.log" 2>&1
-    echo "train exited $?"
-    "$PY" - "$run" <<'PY'
+    timeout -k 60 $WALL "$PY" benchmarks/learning.py atari "${small[@]}" --steps 10000000 \
+        --seeds 1 --thresholds 10 50 100 200 --out "$bench" > "$OUT/breakout.log" 2>&1
+    "$PY" - "$bench/seed1/run/metrics.jsonl" <<'PY'
 import json, sys
-run = sys.argv[1]
-rows = [json.loads(line) for line in open(f"{run}/metrics.jsonl")]
-summary = json.load(open(f"{run}/summary.json"))
-print(f"{run}: {summary['env_steps']} env steps in {summary['wall_time_s']:.0f} s of training, "
-      f"stopped because {summary['stopped_because']}; "
-      f"{summary['env_steps'] / max(summary['wall_time_s'], 1e-9):.0f} env steps/s over the run")
-mark = 1_000_000
-for r in rows:  # the training return as each million env steps is passed, and the last
-    if r["env_steps"] >= mark or r is rows[-1]:
-        print(f"  {r['env_steps']:>9} env steps, {r['wall_time_s']:.0f} s: training return "
+rows = [json.loads(line) for line in open(sys.argv[1])]
+for i, r in enumerate(rows):  # the first row past each million env steps, and the last
+    if i == len(rows) - 1 or r["env_steps"] // 10**6 > rows[i - 1]["env_steps"] // 10**6:
+        print(f"{r['env_steps']:>9} env steps, {r['wall_time_s']:.0f} s: training return "
               f"{r.get('train_return_recent')}, evaluation {r.get('eval_return/mean')}")
-        mark = (r["env_steps"] // 1_000_000 + 1) * 1_000_000
 PY
-    if [ "${DRY:-0}" != 1 ]; then  # the run, with its last checkpoint only, comes back
-        mkdir -p "$OUT/gpu-breakout-seed1"
-        cp -r "$run"/* "$OUT/gpu-breakout-seed1"/ 2>/dev/null
-    fi
+    [ "${DRY:-0}" = 1 ] || cp -r "$bench" "$OUT/"  # to carry to a cold machine's runs/
     exit 0
 fi
 if [ "${LEVERS:-0}" = 1 ]; then
