@@ -18,14 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import torch
+from dead_units import dead_fraction, initial_policy  # benchmarks/dead_units.py (same folder)
 
 from impala_rl.config import load_config
-from impala_rl.envs import EnvFactory
-from impala_rl.nn.factory import build_model_for_env
 from impala_rl.plot import load_metrics
-from impala_rl.policy import Policy, load_policy
+from impala_rl.policy import load_policy
 
 VARIANTS: dict[str, list[str]] = {
     "rmsprop, mean square from 0 (preset)": [],
@@ -37,44 +34,6 @@ VARIANTS: dict[str, list[str]] = {
         "algorithm.optimizer_eps=1e-5",
     ],
 }
-
-
-def initial_policy(preset: str, seed: int) -> Policy:
-    """The preset's model as initialised (no update), for the dead-ReLU baseline."""
-    cfg = load_config(preset, [f"seed={seed}"])
-    factory = EnvFactory.of(cfg.env)
-    env = factory()
-    torch.manual_seed(seed)
-    model = build_model_for_env(cfg.model, env)
-    env.close()
-    return Policy(model, factory, cfg)
-
-
-def dead_relu_fraction(policy: Policy, n_obs: int, seed: int) -> float:
-    """Share of ReLU units (a channel or a neuron) that output 0 on all ``n_obs`` observations."""
-    env = policy.env_factory()
-    rng = np.random.default_rng(seed)
-    obs, _ = env.reset(seed=seed)
-    batch = []
-    for _ in range(n_obs):
-        batch.append(np.asarray(obs))
-        obs, _, term, trunc, _ = env.step(int(rng.integers(env.action_space.n)))
-        if term or trunc:
-            obs, _ = env.reset()
-    env.close()
-    alive: list[torch.Tensor] = []
-
-    def hook(_module, _inputs, out):
-        dims = [d for d in range(out.dim()) if d != 1]
-        alive.append((out > 0).any(dim=0) if out.dim() == 2 else (out > 0).amax(dim=dims))
-
-    handles = [m.register_forward_hook(hook) for m in policy.model.modules()
-               if isinstance(m, torch.nn.ReLU)]  # fmt: skip
-    policy.act(np.stack(batch))
-    for h in handles:
-        h.remove()
-    units = torch.cat([a.flatten() for a in alive])
-    return float((~units).float().mean())
 
 
 def run_variant(preset: str, overrides: list[str], updates: int, seed: int, out: Path) -> dict:
@@ -96,7 +55,7 @@ def run_variant(preset: str, overrides: list[str], updates: int, seed: int, out:
     return {
         "critic_value": [round(r.get("critic_value/0", float("nan")), 2) for r in rows],
         "entropy": [round(r.get("policy_entropy/0", float("nan")), 3) for r in rows],
-        "dead_relu": dead_relu_fraction(load_policy(out, which="last"), 256, seed),
+        "dead_relu": dead_fraction(load_policy(out, which="last"), 256, seed),
     }
 
 
@@ -109,7 +68,7 @@ def main() -> None:
     args = p.parse_args()
     variants = {args.variant[0]: args.variant[1:]} if args.variant else VARIANTS
     results = {}
-    at_init = dead_relu_fraction(initial_policy(args.preset, args.seed), 256, args.seed)
+    at_init = dead_fraction(initial_policy(args.preset, args.seed), 256, args.seed)
     print(f"{'at initialisation':40s} dead ReLUs {at_init:.3f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, overrides) in enumerate(variants.items()):
