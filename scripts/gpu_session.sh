@@ -10,7 +10,8 @@
 #    published after every step and once per batch (algorithm.broadcast_every=null);
 # 2. `impala train pong_appo seed=S` with no other override but the budget, seeds 1 and 2:
 #    the whole process's wall time to the first epoch with a training return >= 18 (start-up
-#    included), printed per seed. Everything it prints and the runs' metrics go to $OUT.
+#    included), printed per seed, and the ReLU units its network has left alive
+#    (benchmarks/dead_units.py). Everything it prints and the runs' metrics go to $OUT.
 # With LEVERS=1, instead: seed 1 for each lever on the env steps the GPU run needs to +18
 # (2.56M, against ~1.4M on the CPU, run 35), printing when it passes -15, 0, +15 and +18. The
 # sized batch is 4 unrolls of 8 envs with the preset's 12 optimizer steps: a quarter of the
@@ -102,4 +103,6 @@ for every in 1 null; do
 done
 for seed in 1 2; do
     train pong_appo-seed$seed $seed
+    # how many of the torso's ReLU units the sized run left alive (a few seconds on the CPU)
+    timeout 120 "$PY" benchmarks/dead_units.py "$OUT/pong_appo-seed$seed" 2>&1 | tail -2
 done
