@@ -28,9 +28,9 @@ from impala_rl.nn.factory import build_model_for_env
 from impala_rl.policy import Policy, load_policy
 
 
-def initial_policy(preset: str, seed: int) -> Policy:
-    """The preset's model as initialised for ``seed`` (no update)."""
-    cfg = load_config(preset, [f"seed={seed}"])
+def initial_policy(preset: str, seed: int, overrides: list[str] | None = None) -> Policy:
+    """The preset's model (with ``overrides``) as initialised for ``seed`` (no update)."""
+    cfg = load_config(preset, [*(overrides or []), f"seed={seed}"])
     factory = EnvFactory.of(cfg.env)
     env = factory()
     torch.manual_seed(seed)
