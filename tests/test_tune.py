@@ -88,6 +88,36 @@ def test_an_objective_no_run_reports_is_refused():
     check_settings(StudySettings("cartpole", TRIAL, SPACE, objective="policy_entropy/0"))
 
 
+# -- the storage -------------------------------------------------------------------------------
+def test_study_db_appears_with_its_tables_so_a_reader_never_builds_them(tmp_path, monkeypatch):
+    import os
+    import sqlite3
+
+    from impala_rl.tune.study import Study
+
+    study = Study(StudySettings("cartpole", TRIAL, SPACE, study_dir=str(tmp_path / "s")))
+    study.dir.mkdir()
+    (study.dir / "study.db.new").write_text("what a killed tuner left")
+    seen: list[set[str]] = []
+    real_replace = os.replace
+
+    def replace(src, dst):  # the moment study.db appears
+        seen.append(
+            {row[0] for row in sqlite3.connect(src).execute("SELECT name FROM sqlite_master")}
+        )
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    study.load()
+    monkeypatch.undo()
+    assert len(seen) == 1 and {"alembic_version", "studies", "trials"} <= seen[0]
+    assert not (study.dir / "study.db.new").exists()
+    version = sqlite3.connect(study.dir / "study.db").execute("SELECT * FROM alembic_version")
+    assert len(version.fetchall()) == 1
+    study.load()  # and it loads again as it is
+    assert len(_finished_trials(study.dir)) == 0
+
+
 # -- a study -----------------------------------------------------------------------------------
 def _tune(study_dir: Path, trials: int, *extra: str) -> list[str]:
     space = [f"--space={item}" for item in SPACE]

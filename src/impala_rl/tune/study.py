@@ -142,6 +142,22 @@ class Study:
     def storage_url(self) -> str:
         return f"sqlite:///{(self.dir / 'study.db').resolve()}"
 
+    def _create_storage_file(self) -> None:
+        """``study.db`` with its tables, built aside and renamed into place: a reader (the
+        dashboard, a second ``impala tune``) that sees the file never races the tuner to
+        create the schema."""
+        db = self.dir / "study.db"
+        if db.is_file():
+            return
+        from optuna.storages import RDBStorage
+
+        aside = db.with_name("study.db.new")
+        aside.unlink(missing_ok=True)
+        storage = RDBStorage(f"sqlite:///{aside.resolve()}")
+        storage.remove_session()
+        storage.engine.dispose()
+        os.replace(aside, db)
+
     def load(self, storage: Any = None) -> Any:
         """The Optuna study (created on first use)."""
         optuna = import_optuna()
@@ -153,6 +169,8 @@ class Study:
             pruner = optuna.pruners.MedianPruner(
                 n_startup_trials=5, n_warmup_steps=self.s.steps // 3
             )
+        if storage is None:
+            self._create_storage_file()
         return optuna.create_study(
             study_name="impala",
             storage=storage or self.storage_url(),
