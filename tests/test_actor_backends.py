@@ -29,6 +29,8 @@ from actor_backends import (
 )
 from deadlines import alarm_deadline, time_limit, wait_until
 from impala_rl.actors import ActorError
+from impala_rl.actors.rollout_queue import Rollout, RolloutQueue
+from impala_rl.config import ImpalaAlgorithmConfig
 
 DEFAULT_TIME_LIMIT_S = 120.0
 EPISODE_LENGTH = 3  # the scripted env's episodes, for ``env_kwargs={"episode_lengths": [3]}``
@@ -178,6 +180,46 @@ def test_queue_is_bounded_while_the_learner_sleeps(backend, factor):
     # outs[1] was prefetched right after outs[0]; outs[2] was assembled from the full queue
     assert outs[2].queue_size_before == max_waiting
     assert_released(backend)
+
+
+def test_while_the_learner_is_the_bound_every_actor_takes_its_turn():
+    """Four actors faster than the learner: before every batch all of them wait blocked, and
+    the room a batch frees goes to the oldest blocked rollouts, so each actor delivers in turn
+    (in actor order the first two would take all the room, and the last two would wait)."""
+    batches, batch_size = 12, 2
+    actors = make_actors("subprocess", num_actors=4, actors_batch_size=batch_size)
+    max_waiting = math.ceil(actors.cfg.queue_out_of_sync_factor * batch_size)
+    columns = {i: 0 for i in range(4)}
+    with actors:
+        for _ in range(batches):
+            wait_until(
+                lambda: (
+                    actors.queue_size() == max_waiting
+                    and all(actors.queue.is_blocked(a.index) for a in actors.actors)
+                ),
+                60,
+                "every actor to wait blocked",
+            )
+            out = actors.collect_outputs("cpu")
+            for i in out.batch["actor_index"].tolist():
+                columns[int(i)] += 1
+    per_actor = actors.cfg.envs_per_actor
+    fair = batches * batch_size * per_actor / 4
+    assert all(n >= fair / 2 for n in columns.values()), columns
+    assert_released("subprocess")
+
+
+def test_the_queue_hands_the_room_to_the_oldest_blocked_rollout_whichever_its_actor():
+    queue = RolloutQueue(ImpalaAlgorithmConfig(num_actors=4, actors_batch_size=2))
+    assert queue.max_waiting == 2
+    for actor in (3, 1, 2, 0, 3):  # 3 and 1 fill the queue; 2, 0 and 3 wait in that order
+        queue.put(actor, Rollout(actor, 0, None))
+    assert [r.payload for r in queue.take(2)] == [3, 1]
+    queue.unblock()
+    assert [r.payload for r in queue.take(2)] == [2, 0]  # in actor order: 0, then 2
+    queue.unblock()
+    assert [r.payload for r in queue.take(1)] == [3]
+    assert not any(queue.is_blocked(i) for i in range(4))
 
 
 # ---------------------------------------------------------------------------------------------

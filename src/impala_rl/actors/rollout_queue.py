@@ -10,8 +10,10 @@ waits where and which ones are dropped:
   the queued ones in order) that would be more than ``max_policy_lag`` behind at hand-out; their
   reports wait in :meth:`take_dropped` for the next hand-out, where they count as collected and
   discarded (see :class:`impala_rl.actors.base.CollectedOutputs`).
-- :meth:`RolloutQueue.unblock` moves blocked rollouts into the queue while there is room, in
-  actor order; the backend then gives its actors work again.
+- :meth:`RolloutQueue.unblock` moves blocked rollouts into the queue while there is room, the
+  oldest first whichever its actor; the backend then gives its actors work again. (In actor
+  order, while the learner is the bound, the first actors would block again before each batch
+  and take all the room, and the others would wait until their rollouts went stale.)
 
 The queue holds no lock: the supervisor calls it under its own. (Not ``queue.py``: the Ray
 watchdog runs as a script from this directory, where that name would hide the standard library's
@@ -49,7 +51,9 @@ class RolloutQueue(Generic[P]):
         self.max_waiting = max_waiting_rollouts(cfg)
         num_actors = cfg.num_actors
         self.ready: collections.deque[Rollout[P]] = collections.deque()
-        self.blocked: list[list[Rollout[P]]] = [[] for _ in range(num_actors)]
+        # per actor, its blocked rollouts in order, each with its arrival number
+        self.blocked: list[list[tuple[int, Rollout[P]]]] = [[] for _ in range(num_actors)]
+        self._arrivals = 0
         self._dropped: list[UnrollResult] = []  # stale rollouts since the last hand-out
 
     def __len__(self) -> int:
@@ -61,7 +65,8 @@ class RolloutQueue(Generic[P]):
         if len(self.ready) < self.max_waiting and not self.blocked[actor_index]:
             self.ready.append(rollout)
             return True
-        self.blocked[actor_index].append(rollout)
+        self.blocked[actor_index].append((self._arrivals, rollout))
+        self._arrivals += 1
         return False
 
     def is_blocked(self, actor_index: int) -> bool:
@@ -71,7 +76,7 @@ class RolloutQueue(Generic[P]):
         """Remove an actor's blocked rollouts (lost with their actor: neither recorded nor
         counted) and return them, so the backend can free their storage."""
         lost, self.blocked[actor_index] = self.blocked[actor_index], []
-        return lost
+        return [rollout for _, rollout in lost]
 
     def is_stale(self, version: int, handout_version: int) -> bool:
         """Whether a rollout of policy ``version`` handed out at ``handout_version`` would be
@@ -89,9 +94,11 @@ class RolloutQueue(Generic[P]):
         dropped: list[Rollout[P]] = []
         for i, rollouts in enumerate(self.blocked):
             fresh = []
-            for rollout in rollouts:
-                stale = self.is_stale(rollout.version, handout_version)
-                (dropped if stale else fresh).append(rollout)
+            for arrival, rollout in rollouts:
+                if self.is_stale(rollout.version, handout_version):
+                    dropped.append(rollout)
+                else:
+                    fresh.append((arrival, rollout))
             self.blocked[i] = fresh
         keep: collections.deque[Rollout[P]] = collections.deque()
         for rollout in self.ready:
@@ -101,10 +108,13 @@ class RolloutQueue(Generic[P]):
         return dropped
 
     def unblock(self) -> None:
-        """Move blocked rollouts into the queue while there is room, in actor order."""
-        for rollouts in self.blocked:
-            while rollouts and len(self.ready) < self.max_waiting:
-                self.ready.append(rollouts.pop(0))
+        """Move blocked rollouts into the queue while there is room, the oldest first."""
+        while len(self.ready) < self.max_waiting:
+            heads = [(rollouts[0][0], i) for i, rollouts in enumerate(self.blocked) if rollouts]
+            if not heads:
+                return
+            _, oldest = min(heads)
+            self.ready.append(self.blocked[oldest].pop(0)[1])
 
     def take(self, n: int) -> list[Rollout[P]]:
         """The ``n`` oldest queued rollouts (the caller checks that there are ``n``)."""
