@@ -139,7 +139,7 @@ def test_batches_match_the_other_backends_and_versions_are_bounded():
     cfg = actors.cfg
     max_waiting = math.ceil(cfg.queue_out_of_sync_factor * cfg.actors_batch_size)
     state = actors._template.state_dict()
-    lags: list[int] = []
+    handed: dict[int, list[tuple[int, int]]] = {0: [], 1: []}  # (version, learner's) by actor
     seen_actors: set[int] = set()
     with actors:
         assert ray.is_initialized()
@@ -173,7 +173,9 @@ def test_batches_match_the_other_backends_and_versions_are_bounded():
             now = actors.policy_version
             versions = out.batch["policy_version"]
             assert torch.all(versions <= now) and torch.all(versions >= 0)
-            lags.extend((now - versions).tolist())
+            for col in range(0, versions.shape[0], cfg.envs_per_actor):  # one rollout each
+                index = int(out.batch["actor_index"][col])
+                handed[index].append((int(versions[col]), now))
             seen_actors.update(out.batch["actor_index"].tolist())
             assert cfg.actors_batch_size <= out.queue_size_before <= max_waiting
             assert 0 <= out.queue_size_after <= max_waiting
@@ -187,8 +189,16 @@ def test_batches_match_the_other_backends_and_versions_are_bounded():
         stats = actors.get_epoch_stats_aggregator().reduce()
     assert seen_actors == {0, 1}
     assert stats["actor_env_steps"] > 0 and stats["episode_return/count"] > 0
-    # the weights reach the actors between unrolls: versions follow the learner
-    assert max(lags) <= max_waiting + 2 * PIPELINE * cfg.num_actors, lags
+    # The weights reach the actors between unrolls: an actor's unroll is sent with the newest
+    # weights when its rollout PIPELINE back enters the queue, at most one prefetched batch
+    # and a queue of rollouts before the learner takes that one. (How far behind the learner a
+    # rollout is depends on its actor's speed: on a loaded machine one actor can deliver while
+    # the other waits for a core.)
+    ahead = 1 + math.ceil(max_waiting / cfg.actors_batch_size)
+    for index, rollouts in handed.items():
+        for k in range(PIPELINE, len(rollouts)):
+            version, earlier_taken_at = rollouts[k][0], rollouts[k - PIPELINE][1]
+            assert version >= earlier_taken_at - ahead, (index, k, rollouts)
     assert not ray.is_initialized(), "stop() shuts down the Ray it started"
 
 
