@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -117,3 +118,19 @@ def watch_actors(monkeypatch, on_returns: Callable) -> list:
 
     monkeypatch.setattr(impala_rl.trainer, "make_actors", make_and_watch)
     return created
+
+
+def stop_once_train_return_reaches(monkeypatch, threshold: float) -> None:
+    """End the next run after the update at which the mean of its last 100 training episodes
+    (the trainer's ``train_return_recent``, computed the same way) first reaches
+    ``threshold``: it lowers ``max_env_steps``, which the trainer reads after every update, so
+    the run stops as ``max_env_steps`` with that mean in its summary. A seeded sequential run
+    takes the same steps up to there as one that trains on to its budget."""
+    recent: deque[float] = deque(maxlen=100)
+
+    def on_returns(cfg, actors, returns):
+        recent.extend(returns)
+        if recent and sum(recent) / len(recent) >= threshold:
+            cfg.max_env_steps = 1  # stop after this update
+
+    watch_actors(monkeypatch, on_returns)

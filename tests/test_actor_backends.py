@@ -14,7 +14,6 @@ import math
 import os
 import signal
 import time
-from collections import deque
 
 import pytest
 
@@ -25,7 +24,7 @@ from actor_backends import (
     actor_pid,
     make_actors,
     pid_alive,
-    watch_actors,
+    stop_once_train_return_reaches,
 )
 from deadlines import alarm_deadline, time_limit, wait_until
 from impala_rl.actors import ActorError
@@ -360,14 +359,7 @@ def test_cartpole_learns(tmp_path, monkeypatch, backend):
     the actors' return feed lowers ``max_env_steps`` (read by the trainer after every update)
     once the trainer's own running mean, computed the same way, reaches the threshold.
     """
-    recent: deque[float] = deque(maxlen=100)
-
-    def on_returns(cfg, actors, returns):
-        recent.extend(returns)
-        if recent and sum(recent) / len(recent) >= SOLVED_TRAIN_RETURN:
-            cfg.max_env_steps = 1  # stop after this update
-
-    watch_actors(monkeypatch, on_returns)
+    stop_once_train_return_reaches(monkeypatch, SOLVED_TRAIN_RETURN)
     summary = impala_rl.train(
         "cartpole",
         [

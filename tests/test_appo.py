@@ -4,14 +4,13 @@ it, minibatches over a batch's columns, its config refusals, checkpoints and a C
 from __future__ import annotations
 
 import copy
-import json
-from pathlib import Path
 
 import gymnasium as gym
 import pytest
 import torch
 
 import impala_rl
+from actor_backends import stop_once_train_return_reaches
 from impala_rl import checkpoint, losses, vtrace
 from impala_rl.config import ConfigError, ImpalaAlgorithmConfig, ModelConfig, load_config
 from impala_rl.envs import EnvFactory
@@ -388,9 +387,11 @@ def test_resuming_an_impala_run_as_appo_starts_the_target_at_the_trained_weights
 LEARNING_BUDGET = 60_000  # tests/test_trainer.py::test_cartpole_preset_learns's
 
 
-def test_cartpole_learns_with_appo(tmp_path):
+def test_cartpole_learns_with_appo(tmp_path, monkeypatch):
     """The ``cartpole`` preset (sequential, seed 0) with appo, 2 passes of 2 minibatches,
-    reaches a training return >= 195 within the plain preset's learning-test budget."""
+    reaches a training return >= 195 within the plain preset's learning-test budget (the run
+    stops there)."""
+    stop_once_train_return_reaches(monkeypatch, 195)
     summary = impala_rl.train(
         "cartpole",
         [
@@ -405,9 +406,5 @@ def test_cartpole_learns_with_appo(tmp_path):
         run_dir=tmp_path,
     )
     assert summary["stopped_because"] == "max_env_steps"
-    rows = [
-        json.loads(line) for line in (Path(tmp_path) / "metrics.jsonl").read_text().splitlines()
-    ]
-    curve = [(row["env_steps"], row.get("train_return_recent")) for row in rows]
-    reached = [steps for steps, ret in curve if ret is not None and ret >= 195]
-    assert reached, f"training return never reached 195 within {LEARNING_BUDGET} steps: {curve}"
+    assert summary["env_steps"] <= LEARNING_BUDGET + 4 * 4 * 16  # at most one batch over
+    assert summary["train_return_recent"] >= 195, summary
