@@ -353,11 +353,10 @@ def test_cartpole_learns(tmp_path, monkeypatch, backend):
     """Within the budget the mean of the last 100 training episodes (the summary's
     ``train_return_recent``) reaches 195.
 
-    The run stops as soon as it does: the evaluation target (475, deterministic policy) is
-    usually met earlier, while the sampled training returns still lag, and at the end of a
-    fixed budget they may be in a dip again. So ``target_return`` is off, and a wrapper around
-    the actors' return feed lowers ``max_env_steps`` (read by the trainer after every update)
-    once the trainer's own running mean, computed the same way, reaches the threshold.
+    The run stops as soon as it does (:func:`stop_once_train_return_reaches`): the evaluation
+    target (475, deterministic policy) is usually met earlier, while the sampled training
+    returns still lag, and at the end of a fixed budget they may be in a dip again, so
+    ``target_return`` is off.
     """
     stop_once_train_return_reaches(monkeypatch, SOLVED_TRAIN_RETURN)
     summary = impala_rl.train(

@@ -18,6 +18,7 @@ from impala_rl.learner import Learner, forward_batch
 from impala_rl.nn.factory import build_model
 from impala_rl.rollout import ActorLoop, rollout_spec_for
 from impala_rl.trainer import Trainer
+from test_trainer import LEARNING_BUDGET, STEPS_PER_UPDATE
 
 FAST = ["log.console=false", "log.tensorboard=false", "runner.backend=sequential"]
 APPO = "algorithm.policy_loss=appo"
@@ -384,8 +385,6 @@ def test_resuming_an_impala_run_as_appo_starts_the_target_at_the_trained_weights
 
 # -- learning ------------------------------------------------------------------------------------
 
-LEARNING_BUDGET = 60_000  # tests/test_trainer.py::test_cartpole_preset_learns's
-
 
 def test_cartpole_learns_with_appo(tmp_path, monkeypatch):
     """The ``cartpole`` preset (sequential, seed 0) with appo, 2 passes of 2 minibatches,
@@ -406,5 +405,5 @@ def test_cartpole_learns_with_appo(tmp_path, monkeypatch):
         run_dir=tmp_path,
     )
     assert summary["stopped_because"] == "max_env_steps"
-    assert summary["env_steps"] <= LEARNING_BUDGET + 4 * 4 * 16  # at most one batch over
+    assert summary["env_steps"] <= LEARNING_BUDGET + STEPS_PER_UPDATE  # at most one batch over
     assert summary["train_return_recent"] >= 195, summary

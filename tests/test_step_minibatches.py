@@ -17,6 +17,7 @@ from impala_rl.learner import STEP_TARGETS, Learner, forward_batch
 from impala_rl.nn.factory import build_model
 from impala_rl.trainer import Trainer
 from test_appo import _batch, _model
+from test_trainer import LEARNING_BUDGET, STEPS_PER_UPDATE
 
 STEPS = {"minibatch_of": "steps"}
 
@@ -256,15 +257,14 @@ def test_cartpole_learns_with_step_minibatches(tmp_path, monkeypatch):
     """The ``cartpole`` preset (sequential, seed 0) with appo and 2 passes of 2 blocks of
     decisions reaches a training return >= 195 within the plain preset's learning-test
     budget (tests/test_trainer.py's; the run stops there)."""
-    budget = 60_000
     stop_once_train_return_reaches(monkeypatch, 195)
     summary = impala_rl.train(
         "cartpole",
-        [*FAST, *STEP_REUSE, "seed=0", "target_return=null", f"max_env_steps={budget}"],
+        [*FAST, *STEP_REUSE, "seed=0", "target_return=null", f"max_env_steps={LEARNING_BUDGET}"],
         run_dir=tmp_path,
     )
     assert summary["stopped_because"] == "max_env_steps"
-    assert summary["env_steps"] <= budget + 4 * 4 * 16  # at most one batch over
+    assert summary["env_steps"] <= LEARNING_BUDGET + STEPS_PER_UPDATE  # at most one batch over
     assert summary["train_return_recent"] >= 195, summary
 
 

@@ -21,7 +21,7 @@ from impala_rl.rundir import RunDirError
 from impala_rl.trainer import Trainer
 
 FAST = ["log.console=false", "log.tensorboard=false", "runner.backend=sequential"]
-# The cartpole preset: 2 actors x 8 envs x 32 steps, both actors per batch.
+# The env steps of one update of the cartpole preset (one actor's rollout per batch).
 _PRESET = load_config("cartpole").algorithm
 STEPS_PER_UPDATE = _PRESET.actors_batch_size * _PRESET.envs_per_actor * _PRESET.n_rollout_steps
 
