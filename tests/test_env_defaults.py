@@ -182,8 +182,8 @@ def test_spaces_choose_the_encoder():
 
 def test_an_env_whose_step_is_slow_gets_each_env_in_its_own_process(caplog):
     """A step of 2 ms (a physics simulator, a game engine): an actor's envs step at once, each
-    in its own process (``env.vector=async``); a step of microseconds keeps them in one; an
-    explicit setting wins."""
+    in its own process (``env.vector=async``), under ``any_env`` or a family preset that steps
+    them in one; a step of microseconds keeps them in one; an explicit setting wins."""
     slow = ["env.id=scripted_envs:make_env", "env.kwargs.step_sleep_s=0.002"]
     assert step_seconds(EnvFactory.of(resolve_config(None, slow).env)()) >= 0.002
     assert resolve_config(None, slow).env.vector == "async"
@@ -194,8 +194,12 @@ def test_an_env_whose_step_is_slow_gets_each_env_in_its_own_process(caplog):
     with caplog.at_level(logging.INFO, logger="impala_rl.env_defaults"):
         resolve_config(None, slow)
     assert "sequential backend, each env in its own process (a step takes" in caplog.text
-    # a family preset keeps its own settings
+    # a family preset that steps an actor's envs in one process is timed the same way:
+    # CarRacing (a Box2D world and a rendered frame, milliseconds a step) under `box2d`, not
+    # CartPole (microseconds) under `classic_control`; ALE's preset has its own vector env
+    assert resolve_config(None, ["env.id=CarRacing-v3"]).env.vector == "async"
     assert resolve_config(None, ["env.id=CartPole-v1"]).env.vector == "python"
+    assert resolve_config(None, ["env.id=ALE/Pong-v5"]).env.vector == "python"
 
 
 def test_timing_a_step_does_not_fail_on_an_env_that_refuses_random_actions():

@@ -259,13 +259,12 @@ class EnvConfig:
     vector: str = "python"
     """How an actor steps its envs: ``python`` (one after the other), ``async`` (each env in a
     process of its own, stepped at once: Gymnasium's ``AsyncVectorEnv``; the same episodes as
-    ``python``, for envs whose step costs far more than passing it between processes, half a
+    ``python``, for envs whose step costs far more than passing it between processes, a
     millisecond or more; the sequential backend only; the evaluator keeps one process),
-    ``envpool`` (envpool's
-    C++ vector env, classic control ids) or ``auto`` (times an actor's loop on both at
-    start-up and takes the faster on this machine, for ids envpool has, when it is installed
-    and ``kwargs`` is empty; else ``python``). The default stays ``python`` until envpool
-    measures faster in whole training runs, not only raw stepping."""
+    ``envpool`` (envpool's C++ vector env, classic control ids) or ``auto`` (times an actor's
+    loop on both at start-up and takes the faster on this machine, for ids envpool has, when it
+    is installed and ``kwargs`` is empty; else ``python``). The default stays ``python`` until
+    envpool measures faster in whole training runs, not only raw stepping."""
     eval_kwargs: dict[str, Any] = field(default_factory=dict)
     """Entries that replace ``kwargs`` for the evaluation env (e.g. a fixed opponent)."""
 

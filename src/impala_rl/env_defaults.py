@@ -22,12 +22,14 @@ normalize. On top, for every env:
   ``null`` (no early stop), never another env's target;
 - for ``any_env``: evaluation in a process of its own, at most ~10% of the wall time
   (``rollout_evaluator.max_time_share``), the final weights evaluated at the end;
-  ``patience: 0`` and a budget of 1M env steps (``max_env_steps`` overrides it); and where one
-  step of the env costs :data:`SLOW_STEP_S` or more (timed on the probe), ``env.vector=async``:
-  an actor's envs step at once, each in its own process, on every core (the same episodes,
-  the batches as on-policy as before); where the model runs a CNN, PPO's Atari reuse
-  (:data:`IMAGE_REUSE`, 4 passes x 4 minibatches) and 2 learner threads
-  (:data:`CNN_LEARNER_THREADS`).
+  ``patience: 0`` and a budget of 1M env steps (``max_env_steps`` overrides it); where the
+  model runs a CNN, PPO's Atari reuse (:data:`IMAGE_REUSE`, 4 passes x 4 minibatches) and 2
+  learner threads (:data:`CNN_LEARNER_THREADS`);
+- for ``any_env`` and a family preset that steps an actor's envs one after the other in the
+  learner's process (the sequential backend, ``env.vector=python``), where one step of the env
+  costs :data:`SLOW_STEP_S` or more (timed on the probe: CarRacing, MuJoCo's Ant and Humanoid),
+  ``env.vector=async``: an actor's envs step at once, each in its own process, on every core
+  (the same episodes, the batches as on-policy as before).
 
 The user's ``key=value`` overrides go on top, so an explicit setting always wins.
 With neither a preset nor ``env.id`` the ``cartpole`` preset runs (CartPole-v1, tuned).
@@ -82,9 +84,12 @@ GENERIC_PRESET = "any_env"
 """What an env of no known family runs."""
 MAX_ENV_STEPS = 1_000_000
 EVAL_TIME_SHARE = 0.1
-SLOW_STEP_S = 5e-4
-"""A step this slow (half a millisecond; the ``any_env`` learner spends about as much per env
-step on a laptop core) puts each env in a process of its own (``env.vector=async``)."""
+SLOW_STEP_S = 1e-3
+"""A step this slow (a millisecond, as the probe times it) puts each env in a process of its own
+(``env.vector=async``). Below it the round trip to each env's process costs what the other core
+gives back: raw stepping of 8 copies on 2 cores, async over python, 0.45-0.69x for Hopper, Ant
+and Humanoid (0.2-0.6 ms), 0.86x for Ant slowed to 0.71 ms, 1.03x at 1.11 ms, 1.22x at 1.56 ms;
+CarRacing (9-19 ms) 1.24-1.6x (``benchmarks/async_envs.py``, docs/experiments/any-env.md)."""
 STEP_TIMING_S = 0.25  # the probe steps this long, or 200 steps, whichever ends first
 IMAGE_REUSE = (4, 4)
 """Passes and minibatches per batch for an ``any_env`` model that runs a CNN: PPO's Atari
@@ -136,6 +141,13 @@ def family_preset(env_id: str) -> tuple[str, str] | None:
     if family in FAMILY_PRESETS:
         return family, f"Gymnasium's {family}"  # type: ignore[return-value]
     return None
+
+
+def _steps_in_one_process(family: tuple[str, str] | None) -> bool:
+    """Whether the preset for an env (``any_env``, or its family's) steps an actor's envs one
+    after the other in the learner's process: then a slow step is worth timing."""
+    cfg = load_config(GENERIC_PRESET if family is None else family[0])
+    return cfg.runner.backend == "sequential" and cfg.env.vector == "python"
 
 
 def _overridden(overrides: list[str], key: str) -> bool:
@@ -230,7 +242,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     try:
         spaces, model = describe_spaces(probe)
         images = has_image(probe)
-        step_s = step_seconds(probe) if family is None else 0.0
+        step_s = step_seconds(probe) if _steps_in_one_process(family) else 0.0
         step_keys = len(probe.observation_spaces) if is_structured(probe) else 1
         observation = None if is_structured(probe) else probe.observation_space
     finally:
@@ -251,10 +263,10 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
             "algorithm.rollout_evaluator.background=process",
             f"algorithm.rollout_evaluator.max_time_share={EVAL_TIME_SHARE}",
         ]
-        if slow:
-            derived.append("env.vector=async")
     else:
         preset = family[0]
+    if slow:
+        derived.append("env.vector=async")
     if fits_spaces:
         derived += [f"model.{key}={value}" for key, value in model.items()]
         if images:
