@@ -150,6 +150,10 @@ def _steps_in_one_process(family: tuple[str, str] | None) -> bool:
     return cfg.runner.backend == "sequential" and cfg.env.vector == "python"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _overridden(overrides: list[str], key: str) -> bool:
     return any(item.split("=", 1)[0].strip() == key for item in overrides)
 
@@ -342,7 +346,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     line = (
         f"{chosen} for {env_cfg.id} ({spaces}); {target}; {evaluation}; "
         f"{encoder}, {a.policy_loss} loss, {reuse}{lr}, "
-        f"{backend}, {a.num_actors} actors x {a.envs_per_actor} envs, "
+        f"{backend}, {_count(a.num_actors, 'actor')} x {_count(a.envs_per_actor, 'env')}, "
         f"unroll {a.n_rollout_steps}, max_env_steps {cfg.max_env_steps}"
     )
     return cfg, line
