@@ -219,6 +219,19 @@ def test_timing_a_step_does_not_fail_on_an_env_that_refuses_random_actions():
     assert step_seconds(env) == 0.0
 
 
+def test_a_cnn_given_for_vector_observations_is_refused_naming_the_encoder():
+    """``model.encoder=nature_cnn`` on CartPole: the error names the encoder and the env's
+    observations, not the family preset's ``normalize_obs`` that a CNN refuses; an image env
+    takes any built-in CNN."""
+    with pytest.raises(ConfigError) as info:
+        resolve_config(None, ["env.id=CartPole-v1", "model.encoder=nature_cnn"])
+    message = str(info.value)
+    assert "'model.encoder': 'nature_cnn'" in message and "auto | mlp" in message
+    assert "CartPole-v1" in message and "shape (4,)" in message
+    given = ["env.id=impala_rl.envs.samples:Catch", "model.encoder=impala_resnet"]
+    assert resolve_config(None, given).model.encoder == "impala_resnet"
+
+
 def test_a_channels_last_pixel_env_gets_a_cnn_on_channels_first_frames():
     cfg = resolve_config(None, ["env.id=impala_rl.envs.samples:Catch"])
     assert cfg.model.encoder == "nature_cnn" and cfg.model.shared_torso  # 40 x 40 frames

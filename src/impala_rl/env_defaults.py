@@ -46,6 +46,7 @@ import gymnasium as gym
 import numpy as np
 
 from impala_rl.config import (
+    ConfigError,
     RunConfig,
     check_rules,
     compile_pays,
@@ -58,7 +59,7 @@ from impala_rl.config import (
 )
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.structured import KeyObservation, is_structured
-from impala_rl.nn.encoders import encoder_for, fitting_cnn, is_cnn_image
+from impala_rl.nn.encoders import IMAGE_ENCODERS, encoder_for, fitting_cnn, is_cnn_image, is_image
 from impala_rl.sizing import size_to_machine
 from impala_rl.startup import resolve_device
 
@@ -148,6 +149,18 @@ def _steps_in_one_process(family: tuple[str, str] | None) -> bool:
     after the other in the learner's process: then a slow step is worth timing."""
     cfg = load_config(GENERIC_PRESET if family is None else family[0])
     return cfg.runner.backend == "sequential" and cfg.env.vector == "python"
+
+
+def _check_given_encoder(encoder: str, observation: Any, env_id: str, spaces: str) -> None:
+    """Refuse a built-in CNN given for an env whose observations are not images, naming the
+    encoder (the preset's other model settings would otherwise be blamed first)."""
+    plain = isinstance(observation, gym.spaces.Box)
+    if encoder in IMAGE_ENCODERS and plain and not is_image(observation):
+        raise ConfigError(
+            f"invalid value for 'model.encoder': {encoder!r}; valid: auto | mlp | "
+            f"package.module:Class for {env_id} ({spaces}, shape {observation.shape}): "
+            f"{encoder} reads uint8 images [C, H, W]"
+        )
 
 
 def _count(n: int, noun: str) -> str:
@@ -251,6 +264,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
         observation = None if is_structured(probe) else probe.observation_space
     finally:
         probe.close()
+    _check_given_encoder(probe_cfg.model.encoder, observation, env_cfg.id, spaces)
     slow = step_s >= SLOW_STEP_S and not _overridden(overrides, "runner.backend")
     # A family preset that names no encoder (Gymnasium's, tuned on vectors) leaves the network
     # to the spaces as any_env does: CarRacing's frames get a CNN, not an MLP over 27,648 pixels.
