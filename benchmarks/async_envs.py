@@ -75,22 +75,22 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for async_envs:busy
-    cases: list[tuple[str, list[str]]] = []
+    # (env id, busy milliseconds added to its step; 0: the env as it is)
     if args.envs:
-        for env_id in args.envs:
-            for spin in args.spin_ms or [0.0]:
-                cases.append((env_id, [] if not spin else [spin]))
+        cases = [(env_id, spin) for env_id in args.envs for spin in args.spin_ms or [0.0]]
     else:
-        cases = [(env_id, []) for env_id in ENVS]
-        cases += [(ENVS[1], [spin]) for spin in SPIN_MS if spin]
+        cases = [(env_id, 0.0) for env_id in ENVS] + [(ENVS[1], s) for s in SPIN_MS if s]
     print(f"{os.cpu_count()} cores, {args.copies} copies, {args.seconds:g} s x {args.repeats}")
     print("| env | probed step (ms) | python (steps/s) | async (steps/s) | async / python |")
     print("| --- | --- | --- | --- | --- |")
     for env_id, spin in cases:
         if spin:
-            name = f"{env_id} + {spin[0]:g} ms busy"
-            overrides = ["env.id=async_envs:busy", f"env.kwargs.env_id={env_id}"]
-            overrides.append(f"env.kwargs.spin_s={spin[0] / 1e3}")
+            name = f"{env_id} + {spin:g} ms busy"
+            overrides = [
+                "env.id=async_envs:busy",
+                f"env.kwargs.env_id={env_id}",
+                f"env.kwargs.spin_s={spin / 1e3}",
+            ]
         else:
             name, overrides = env_id, [f"env.id={env_id}"]
         r = measure(overrides, args.copies, args.seconds, args.repeats)

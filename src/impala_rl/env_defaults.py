@@ -144,11 +144,10 @@ def family_preset(env_id: str) -> tuple[str, str] | None:
     return None
 
 
-def _steps_in_one_process(family: tuple[str, str] | None) -> bool:
-    """Whether the preset for an env (``any_env``, or its family's) steps an actor's envs one
-    after the other in the learner's process: then a slow step is worth timing."""
-    cfg = load_config(GENERIC_PRESET if family is None else family[0])
-    return cfg.runner.backend == "sequential" and cfg.env.vector == "python"
+def _steps_in_one_process(preset: RunConfig) -> bool:
+    """Whether ``preset`` steps an actor's envs one after the other in the learner's process:
+    then a slow step is worth timing."""
+    return preset.runner.backend == "sequential" and preset.env.vector == "python"
 
 
 def _check_given_encoder(encoder: str, observation: Any, env_id: str, spaces: str) -> None:
@@ -255,11 +254,12 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     check_rules(probe_cfg, "env")
     env_cfg = probe_cfg.env
     family = family_preset(env_cfg.id)
+    preset_cfg = load_config(GENERIC_PRESET if family is None else family[0])  # as written
     probe = EnvFactory.of(env_cfg, vector="python")()
     try:
         spaces, model = describe_spaces(probe)
         images = has_image(probe)
-        step_s = step_seconds(probe) if _steps_in_one_process(family) else 0.0
+        step_s = step_seconds(probe) if _steps_in_one_process(preset_cfg) else 0.0
         step_keys = len(probe.observation_spaces) if is_structured(probe) else 1
         observation = None if is_structured(probe) else probe.observation_space
     finally:
@@ -268,7 +268,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     slow = step_s >= SLOW_STEP_S and not _overridden(overrides, "runner.backend")
     # A family preset that names no encoder (Gymnasium's, tuned on vectors) leaves the network
     # to the spaces as any_env does: CarRacing's frames get a CNN, not an MLP over 27,648 pixels.
-    fits_spaces = family is None or load_config(family[0]).model.encoder == "auto"
+    fits_spaces = family is None or preset_cfg.model.encoder == "auto"
     # the sequential backend's idle core (actors in processes of their own take the others)
     cnn_threads = fits_spaces and images and not _overridden(overrides, "runner.backend")
     threshold = reward_threshold(env_cfg.id)
