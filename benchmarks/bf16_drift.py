@@ -71,12 +71,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)  # the sampled actions, so a checkpoint's figures repeat
     policy = load_policy(args.run_dir, args.which)
-    fp32 = policy.model
     env = policy.env_factory()
-    bf16_cfg = dataclasses.replace(policy.config.model, precision="bf16")
-    bf16 = build_model(bf16_cfg, env.observation_space, env.action_space).eval()
+    # both precisions built here, so that a bf16 run's checkpoint compares as an fp32 one's
+    fp32, bf16 = (
+        build_model(
+            dataclasses.replace(policy.config.model, precision=p),
+            env.observation_space,
+            env.action_space,
+        ).eval()
+        for p in ("fp32", "bf16")
+    )
     env.close()
-    bf16.load_state_dict(fp32.state_dict())
+    fp32.load_state_dict(policy.model.state_dict())
+    bf16.load_state_dict(policy.model.state_dict())
+    policy.model = fp32  # the frames below are the fp32 policy's
     x = visited_frames(policy, args.frames)
     B = args.columns
     T = len(x) // B
