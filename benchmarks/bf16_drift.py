@@ -30,15 +30,15 @@ from impala_rl.nn.factory import build_model
 from impala_rl.policy import load_policy
 
 
-def visited_frames(policy, n: int, seed: int = 0) -> Tensor:
-    """``[n, *obs]``: the observations the fp32 policy sees when it plays ``n`` steps."""
-    env = policy.env_factory()
+def visited_frames(env_factory, model: nn.Module, n: int, seed: int = 0) -> Tensor:
+    """``[n, *obs]``: the observations ``model``'s policy sees when it plays ``n`` steps."""
+    env = env_factory()
     obs, _ = env.reset(seed=seed)
     frames = []
     with torch.no_grad():
         while len(frames) < n:
             frames.append(np.asarray(obs))
-            action = int(policy.model.policy(0, torch.as_tensor(frames[-1])[None]).sample()[0])
+            action = int(model.policy(0, torch.as_tensor(frames[-1])[None]).sample()[0])
             obs, _, terminated, truncated, _ = env.step(action)
             if terminated or truncated:
                 obs, _ = env.reset()
@@ -84,8 +84,7 @@ def main() -> None:
     env.close()
     fp32.load_state_dict(policy.model.state_dict())
     bf16.load_state_dict(policy.model.state_dict())
-    policy.model = fp32  # the frames below are the fp32 policy's
-    x = visited_frames(policy, args.frames)
+    x = visited_frames(policy.env_factory, fp32, args.frames)
     B = args.columns
     T = len(x) // B
     x = x[: T * B]

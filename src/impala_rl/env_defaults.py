@@ -46,6 +46,7 @@ import gymnasium as gym
 import numpy as np
 
 from impala_rl.config import (
+    VECTOR_ENCODERS,
     ConfigError,
     RunConfig,
     check_rules,
@@ -156,9 +157,9 @@ def _check_given_encoder(encoder: str, observation: Any, env_id: str, spaces: st
     plain = isinstance(observation, gym.spaces.Box)
     if encoder in IMAGE_ENCODERS and plain and not is_image(observation):
         raise ConfigError(
-            f"invalid value for 'model.encoder': {encoder!r}; valid: auto | mlp | "
-            f"package.module:Class for {env_id} ({spaces}, shape {observation.shape}): "
-            f"{encoder} reads uint8 images [C, H, W]"
+            f"invalid value for 'model.encoder': {encoder!r}; valid: "
+            f"{' | '.join(VECTOR_ENCODERS)} | package.module:Class for {env_id} ({spaces}, "
+            f"shape {observation.shape}): {encoder} reads uint8 images [C, H, W]"
         )
 
 
