@@ -12,13 +12,12 @@
 #    the whole process's wall time to the first epoch with a training return >= 18 (start-up
 #    included), printed per seed, and the ReLU units its network has left alive
 #    (benchmarks/dead_units.py). Everything it prints and the runs' metrics go to $OUT.
-# With LEVERS=1, instead: seed 1 for each lever on the env steps the GPU run needs to +18
-# (2.56M, against ~1.4M on the CPU, run 35), printing when it passes -15, 0, +15 and +18. The
-# sized batch is 4 unrolls of 8 envs with the preset's 12 optimizer steps: a quarter of the
-# CPU preset's optimizer steps per env step. The levers give back the CPU's ratio: batches of
-# one unroll (the learner's 12 steps take ~35 ms, under the ~43 ms 16 actors need for 640 env
-# steps), or 16 minibatches of the sized batch; or the sized batch's 12 steps at twice the lr.
-# Both of the first two raise the lag in optimizer steps 4x (~190): the lag in env steps stays.
+# With LEVERS=1, instead: seed 1 under each lever, printing when it passes -15, 0, +15 and +18.
+# The sizing cuts the sized batch (4 unrolls of 8 envs) into 16 minibatches, the preset's
+# optimizer steps per env step; the 4 minibatches it took before needed 2.56M env steps to +18
+# (run 35). The levers: the old 4 minibatches (the comparison), batches of one unroll (the same
+# steps per env step, a target network 4x fresher), and the weights published every 4th step
+# (as often per env step as on 2 cores: the learner's 48 publishes a batch cost ~0.9 ms each).
 # 140 s of training each, to fit one device call.
 # With BREAKOUT=1, instead: `benchmarks/learning.py atari --seeds 1` (Breakout, 10M env steps,
 # sized to the box) for 480 s in runs/gpu-breakout, continued from its checkpoint by the next
@@ -29,11 +28,11 @@ export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/gpu-session}"
 mkdir -p "$OUT"
 if [ "${DRY:-0}" = 1 ]; then
-    DEVICE=cpu; WALL=20; BATCHES=1; M=8; B="algorithm.actors_batch_size=1 algorithm.envs_per_actor=4"
+    DEVICE=cpu; WALL=20; BATCHES=1; B="algorithm.actors_batch_size=1 algorithm.envs_per_actor=4"
     IMPALA_PYTHON="${IMPALA_PYTHON:-.venv/bin/python}"
 else
     source scripts/device_setup.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-    DEVICE=cuda; WALL=150; BATCHES=10; M=16; B="algorithm.actors_batch_size=4 algorithm.envs_per_actor=8"
+    DEVICE=cuda; WALL=150; BATCHES=10; B="algorithm.actors_batch_size=4 algorithm.envs_per_actor=8"
     nvidia-smi --query-gpu=name --format=csv,noheader
 fi
 PY="${IMPALA_PYTHON:-python3}"
@@ -90,9 +89,9 @@ PY
 fi
 if [ "${LEVERS:-0}" = 1 ]; then
     [ "${DRY:-0}" = 1 ] || WALL=140
+    train pong_appo-m4-seed1 1 algorithm.num_minibatches=4  # the sizing before: 8 columns a step
     train pong_appo-b1-seed1 1 algorithm.actors_batch_size=1 algorithm.epoch_length=100
-    train pong_appo-m$M-seed1 1 algorithm.num_minibatches=$M  # 16 of the sized 32 columns
-    train pong_appo-lr2x-seed1 1 algorithm.lr=0.0012  # the sized batch, twice the preset's lr
+    train pong_appo-every4-seed1 1 algorithm.broadcast_every=4
     exit 0
 fi
 for every in 1 null; do

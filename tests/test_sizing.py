@@ -7,7 +7,7 @@ import pytest
 
 import impala_rl
 from impala_rl import sizing
-from impala_rl.config import load_config
+from impala_rl.config import load_config, steps_per_batch
 from impala_rl.env_defaults import resolve_config
 from impala_rl.policy import load_run_config
 from impala_rl.sizing import Machine, size_to_machine
@@ -29,6 +29,7 @@ def test_a_gpu_box_gets_the_measured_settings_with_no_override():
     assert (a.device, a.num_actors, a.actors_batch_size, a.envs_per_actor) == ("cuda", 16, 4, 8)
     assert (r.inference, r.inference_servers, cfg.env.kwargs["vector_threads"]) == ("central", 2, 1)
     assert a.epoch_length == 25  # 100 batches of 1 unroll's columns: the same env steps
+    assert a.num_minibatches == 16  # 4 times the preset's 4: its minibatch of 2 columns
     assert r.sized_for == "16 cores, NVIDIA H100 80GB HBM3"
 
 
@@ -50,6 +51,34 @@ def test_a_many_core_machine_without_a_gpu_splits_the_cores():
     assert (a.device, a.num_actors, a.actors_batch_size) == ("cpu", 8, 8)
     assert cfg.runner.learner_threads == 8 and cfg.runner.inference == "actor"
     assert cfg.env.kwargs["vector_threads"] == 1
+
+
+def test_a_larger_batch_keeps_the_presets_minibatch_and_optimizer_steps_per_env_step():
+    """A batch of k times the preset's unrolls takes k times its minibatches, so each step
+    sees the preset's columns and a run takes as many steps per env step (Pong's plateau lasts
+    until enough are taken); a batch that is no multiple, or the user's count, is left alone."""
+
+    def columns_per_step(a):
+        return a.actors_batch_size * a.envs_per_actor / a.num_minibatches
+
+    def steps_per_env_step(a):
+        return steps_per_batch(a) / (a.actors_batch_size * a.envs_per_actor * a.n_rollout_steps)
+
+    sized = (("pong_appo", GPU_BOX), ("pong", Machine(16)), ("pong_appo", Machine(8)))
+    for preset, machine in sized:
+        written = load_config(preset).algorithm
+        a = size_to_machine(load_config(preset), [], machine).algorithm
+        assert a.actors_batch_size > written.actors_batch_size
+        assert columns_per_step(a) == columns_per_step(written)
+        assert steps_per_env_step(a) == steps_per_env_step(written)
+    atari = size_to_machine(load_config("atari"), [], GPU_BOX).algorithm
+    assert (atari.actors_batch_size, atari.num_minibatches) == (4, 1)  # half the preset's 8
+    chosen = ["algorithm.num_minibatches=8"]
+    mine = size_to_machine(load_config("pong_appo", chosen), chosen, GPU_BOX).algorithm
+    assert (mine.actors_batch_size, mine.num_minibatches) == (4, 8)
+    chosen = ["algorithm.actors_batch_size=2"]
+    mine = size_to_machine(load_config("pong_appo", chosen), chosen, GPU_BOX).algorithm
+    assert (mine.actors_batch_size, mine.num_minibatches) == (2, 4)  # a batch given: as written
 
 
 def test_the_sizing_leaves_precision_as_the_preset_or_the_user_sets_it():

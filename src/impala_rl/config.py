@@ -386,8 +386,9 @@ class RunnerConfig:
     most of the time and the device has room."""
     size_to_machine: bool = False
     """Size the preset to the machine at start-up (:mod:`impala_rl.sizing`): actors from the
-    cores, the learner and central inference on a GPU, batch and epoch to match; settings
-    given as overrides stay; precision is never sized. 2 cores: the preset as written."""
+    cores, the learner and central inference on a GPU, the batch to match, and minibatches and
+    epoch that keep the preset's optimizer steps and env steps per epoch; settings given as
+    overrides stay; precision is never sized. 2 cores: the preset as written."""
     sized_for: str | None = None
     """The machine a sized run was sized for (set at start-up; a resume keeps the sizes)."""
     start_method: str = "forkserver"

@@ -21,8 +21,14 @@ within 1.5M env steps it reached +18 on 1 of 4 seeds, fp32 on 3 of 5: not the so
 sized default needs (docs/experiments/pong.md, "bf16 and the last points").
 
 ``algorithm.epoch_length`` is scaled by the preset's batch over the new one, so an epoch
-stays the same number of env steps. What was chosen is said on the log and kept in the run's
-config (``runner.sized_for``, the sized values): a resume runs it as it was, on any machine.
+stays the same number of env steps. A batch of k times the preset's unrolls is cut into k times
+its ``algorithm.num_minibatches``: each optimizer step sees the preset's minibatch, and a run
+takes the preset's optimizer steps per env step, which is what ends Pong's plateau. On 2 cores,
+`pong_appo` with batches of 4 unrolls passed -15 at 1.344M env steps in 4 minibatches (the GPU
+box's sizing before), at 512k in 16 (docs/experiments/pong.md, "Batches sized for the machine").
+
+What was chosen is said on the log and kept in the run's config (``runner.sized_for``, the
+sized values): a resume runs it as it was, on any machine.
 """
 
 from __future__ import annotations
@@ -109,6 +115,8 @@ def _process_layout(cfg: RunConfig, machine: Machine, on_gpu: bool, given: set[s
     if "algorithm.actors_batch_size" not in given:
         batch = int(out["algorithm.actors_batch_size"])  # type: ignore[call-overload]
         out["algorithm.epoch_length"] = max(1, round(a.epoch_length * a.actors_batch_size / batch))
+        if batch % a.actors_batch_size == 0:
+            out["algorithm.num_minibatches"] = a.num_minibatches * batch // a.actors_batch_size
     if "vector_threads" in cfg.env.kwargs:
         out["env.kwargs.vector_threads"] = 1
     return out
