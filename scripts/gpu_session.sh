@@ -7,7 +7,8 @@
 #     BREAKOUT=1 bash scripts/gpu_session.sh # ~540 s: the `atari` preset's Breakout, resumable
 #
 # 1. benchmarks/step_breakdown.py and batch_update.py for pong_appo at B=4, with the weights
-#    published after every step and once per batch (algorithm.broadcast_every=null);
+#    published after every step and once per batch (algorithm.broadcast_every=null), and
+#    batch_update.py for the sized update (the 4 unrolls in 16 minibatches: 48 steps a batch);
 # 2. `impala train pong_appo seed=S` with no other override but the budget, seeds 1 and 2:
 #    the whole process's wall time to the first epoch with a training return >= 18 (start-up
 #    included), printed per seed, and the ReLU units its network has left alive
@@ -28,11 +29,11 @@ export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/gpu-session}"
 mkdir -p "$OUT"
 if [ "${DRY:-0}" = 1 ]; then
-    DEVICE=cpu; WALL=20; BATCHES=1; B="algorithm.actors_batch_size=1 algorithm.envs_per_actor=4"
+    DEVICE=cpu; WALL=20; BATCHES=1; SIZED_M=4; B="algorithm.actors_batch_size=1 algorithm.envs_per_actor=4"
     IMPALA_PYTHON="${IMPALA_PYTHON:-.venv/bin/python}"
 else
     source scripts/device_setup.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-    DEVICE=cuda; WALL=150; BATCHES=10; B="algorithm.actors_batch_size=4 algorithm.envs_per_actor=8"
+    DEVICE=cuda; WALL=150; BATCHES=10; SIZED_M=16; B="algorithm.actors_batch_size=4 algorithm.envs_per_actor=8"
     nvidia-smi --query-gpu=name --format=csv,noheader
 fi
 PY="${IMPALA_PYTHON:-python3}"
@@ -99,6 +100,10 @@ for every in 1 null; do
         algorithm.broadcast_every=$every --batches $BATCHES 2>&1 | tail -9
     timeout 120 "$PY" benchmarks/batch_update.py pong_appo algorithm.device=$DEVICE $B \
         algorithm.broadcast_every=$every --repeats $BATCHES 2>&1 | tail -1
+    # the sized update: 4 minibatches per unroll (on the GPU 16 of the 4 unrolls, run 37)
+    timeout 120 "$PY" benchmarks/batch_update.py pong_appo algorithm.device=$DEVICE $B \
+        algorithm.num_minibatches=$SIZED_M algorithm.broadcast_every=$every \
+        --repeats $BATCHES 2>&1 | tail -1
 done
 for seed in 1 2; do
     train pong_appo-seed$seed $seed

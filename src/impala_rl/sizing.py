@@ -115,7 +115,7 @@ def _process_layout(cfg: RunConfig, machine: Machine, on_gpu: bool, given: set[s
     if "algorithm.actors_batch_size" not in given:
         batch = int(out["algorithm.actors_batch_size"])  # type: ignore[call-overload]
         out["algorithm.epoch_length"] = max(1, round(a.epoch_length * a.actors_batch_size / batch))
-        if batch % a.actors_batch_size == 0:
+        if batch % a.actors_batch_size == 0:  # each step on the preset's minibatch
             out["algorithm.num_minibatches"] = a.num_minibatches * batch // a.actors_batch_size
     if "vector_threads" in cfg.env.kwargs:
         out["env.kwargs.vector_threads"] = 1
