@@ -79,6 +79,21 @@ def test_a_larger_batch_keeps_the_presets_minibatch_and_optimizer_steps_per_env_
     assert (mine.actors_batch_size, mine.num_minibatches) == (2, 4)  # a batch given: as written
 
 
+def test_a_users_policy_lag_bound_caps_the_sized_minibatches():
+    """The sized minibatches keep within a user's ``max_policy_lag`` (a step n on a batch sees
+    n more updates than its first) instead of refusing the bound; a bound that the preset's
+    own minibatches break is still refused, naming the field."""
+    for lag, minibatches in ((47, 16), (30, 8), (12, 4)):
+        chosen = [f"algorithm.max_policy_lag={lag}"]
+        a = size_to_machine(load_config("pong_appo", chosen), chosen, GPU_BOX).algorithm
+        assert a.num_minibatches == minibatches
+        assert a.num_passes * a.num_minibatches - 1 <= lag
+        assert a.actors_batch_size * a.envs_per_actor % a.num_minibatches == 0
+    chosen = ["algorithm.max_policy_lag=5"]  # the preset's 3 x 4 steps already see 11
+    with pytest.raises(ValueError, match="algorithm.max_policy_lag"):
+        size_to_machine(load_config("pong_appo", chosen), chosen, GPU_BOX)
+
+
 def test_the_sizing_leaves_precision_as_the_preset_or_the_user_sets_it():
     """No machine gets bf16 from the sizing (no bf16 seed reached Pong's +18 where fp32 did:
     experiments/pong.md, "bf16 and the last points"); a user's bf16 stays, CPU or GPU."""

@@ -387,8 +387,9 @@ class RunnerConfig:
     size_to_machine: bool = False
     """Size the preset to the machine at start-up (:mod:`impala_rl.sizing`): actors from the
     cores, the learner and central inference on a GPU, the batch to match, and minibatches and
-    epoch that keep the preset's optimizer steps and env steps per epoch; settings given as
-    overrides stay; precision is never sized. 2 cores: the preset as written."""
+    epoch that keep the preset's optimizer steps and env steps per epoch (minibatches no more
+    than ``max_policy_lag`` allows); settings given as overrides stay; precision is never
+    sized. 2 cores: the preset as written."""
     sized_for: str | None = None
     """The machine a sized run was sized for (set at start-up; a resume keeps the sizes)."""
     start_method: str = "forkserver"

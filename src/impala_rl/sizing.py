@@ -37,7 +37,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from impala_rl.config import RunConfig, load_config, to_dict
+from impala_rl.config import ImpalaAlgorithmConfig, RunConfig, load_config, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +116,26 @@ def _process_layout(cfg: RunConfig, machine: Machine, on_gpu: bool, given: set[s
         batch = int(out["algorithm.actors_batch_size"])  # type: ignore[call-overload]
         out["algorithm.epoch_length"] = max(1, round(a.epoch_length * a.actors_batch_size / batch))
         if batch % a.actors_batch_size == 0:  # each step on the preset's minibatch
-            out["algorithm.num_minibatches"] = a.num_minibatches * batch // a.actors_batch_size
+            scaled = a.num_minibatches * batch // a.actors_batch_size
+            out["algorithm.num_minibatches"] = _within_lag(a, scaled)
     if "vector_threads" in cfg.env.kwargs:
         out["env.kwargs.vector_threads"] = 1
     return out
+
+
+def _within_lag(a: ImpalaAlgorithmConfig, scaled: int) -> int:
+    """``scaled`` minibatches, or the most of its divisors (at least the preset's) whose steps
+    per batch keep within ``max_policy_lag``: a step n on a batch sees n more updates than
+    its first, and a bound that the preset's own minibatches break is left to the config's
+    refusal, which names the field."""
+    if a.max_policy_lag is None:
+        return scaled
+    fits = [
+        n
+        for n in range(a.num_minibatches, scaled + 1)
+        if scaled % n == 0 and a.num_passes * n - 1 <= a.max_policy_lag
+    ]
+    return max(fits, default=scaled)
 
 
 def size_to_machine(
