@@ -11,7 +11,7 @@
 #         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 #         --platform manylinux2014_x86_64 -d .whl gymnasium==1.4.0 ale-py==0.12.1 \
 #         omegaconf==2.4.0 pyyaml==6.0.4 cloudpickle==3.1.3 farama-notifications==0.0.6 \
-#         typing_extensions==4.16.0
+#         typing_extensions==4.16.0 pytest pluggy iniconfig packaging
 #
 # (omegaconf 2.4 vendors its antlr4 runtime; matplotlib is imported only by `impala plot`.)
 # This installs them without dependencies into $IMPALA_SITE (default /tmp/site), puts it and

@@ -2,13 +2,16 @@
 # One device call for issue 53's GPU targets, prepared and tested on the CPU (with DRY=1: tiny
 # budgets, the CPU). Run from the repository root on the GPU machine, carrying .whl:
 #
-#     bash scripts/gpu_session.sh            # ~450 s: step breakdown, batch_update, 2 seeds
+#     bash scripts/gpu_session.sh            # ~540 s: step breakdown, batch_update, 2 seeds
 #     LEVERS=1 bash scripts/gpu_session.sh   # ~500 s: seed 1 under each sample-efficiency lever
 #     BREAKOUT=1 bash scripts/gpu_session.sh # ~540 s: the `atari` preset's Breakout, resumable
 #
+# 0. tests/test_update_graph.py on the GPU: the captured update (its optimizer step in the
+#    graph) against the eager one;
 # 1. benchmarks/step_breakdown.py and batch_update.py for pong_appo at B=4, with the weights
-#    published after every step and once per batch (algorithm.broadcast_every=null), and
-#    batch_update.py for the sized update (the 4 unrolls in 16 minibatches: 48 steps a batch);
+#    published after every step and once per batch (algorithm.broadcast_every=null; then also
+#    the breakdown with the optimizer step outside the graph, as before), and batch_update.py
+#    for the sized update (the 4 unrolls in 16 minibatches: 48 steps a batch);
 # 2. `impala train pong_appo seed=S` with no other override but the budget, seeds 1 and 2:
 #    the whole process's wall time to the first epoch with a training return >= 18 (start-up
 #    included), printed per seed, and the ReLU units its network has left alive
@@ -95,9 +98,19 @@ if [ "${LEVERS:-0}" = 1 ]; then
     train pong_appo-every4-seed1 1 algorithm.broadcast_every=4
     exit 0
 fi
+# 0. the captured update, its optimizer step in the graph, against the eager one on this GPU
+if "$PY" -c "import pytest" 2> /dev/null; then
+    timeout 200 "$PY" -m pytest -q -p no:cacheprovider tests/test_update_graph.py 2>&1 | tail -4
+else
+    echo "pytest is not on this machine (carry its wheels): tests/test_update_graph.py not run"
+fi
 for every in 1 null; do
     timeout 120 "$PY" benchmarks/step_breakdown.py pong_appo algorithm.device=$DEVICE $B \
         algorithm.broadcast_every=$every --batches $BATCHES 2>&1 | tail -9
+    # the comparison (publishing once a batch): the host steps after the graph, as before
+    [ $every = null ] && timeout 120 "$PY" benchmarks/step_breakdown.py pong_appo \
+        algorithm.device=$DEVICE $B algorithm.broadcast_every=$every --batches $BATCHES \
+        --step-outside-graph 2>&1 | tail -9
     timeout 120 "$PY" benchmarks/batch_update.py pong_appo algorithm.device=$DEVICE $B \
         algorithm.broadcast_every=$every --repeats $BATCHES 2>&1 | tail -1
     # the sized update: 4 minibatches per unroll (on the GPU 16 of the 4 unrolls, run 37)

@@ -196,3 +196,56 @@ def test_what_cannot_be_captured_says_why():
     cfg = ImpalaAlgorithmConfig(cuda_graph=False)
     assert Learner(_vector_model(), cfg).capture is False
     assert Learner(_vector_model(), ImpalaAlgorithmConfig()).capture is None  # decided at use
+
+
+def test_the_captured_update_takes_the_optimizer_step_in_its_program():
+    """The step runs inside the captured function (on a GPU: in the graph), once per update
+    after the warm-up, whose steps are undone (the weights match the eager ones above)."""
+    cfg = ImpalaAlgorithmConfig(lr=1e-3)
+    learner = Learner(_vector_model(), cfg, "cpu", capture=True)
+    taken = []
+    learner.optimizer.register_step_post_hook(lambda *_: taken.append(learner.num_updates))
+    batch = vector_batch(8, 4)
+    for _ in range(3):
+        learner.update(batch)
+    assert learner._graph is not None and learner._graph.steps
+    assert taken == [0, 0, 0] + [0, 1, 2]  # the warm-up's 3 (undone), then one per update
+
+
+def test_a_capture_that_fails_with_the_step_falls_back_to_the_host_step(monkeypatch, caplog):
+    """Should the step not capture, the update is captured without it and the host steps:
+    the same weights as the eager update, and the run says why."""
+    from impala_rl import learner as learner_module
+
+    def broken(self):
+        raise RuntimeError("not capturable here")
+
+    monkeypatch.setattr(learner_module.CapturedStep, "take", broken)
+    cfg = ImpalaAlgorithmConfig(lr=1e-3)
+    eager, captured = _pair(_vector_model(), cfg, "cpu")
+    torch.manual_seed(1)
+    _train_both(eager, captured, [vector_batch(8, 4) for _ in range(2)], "cpu")
+    assert captured._graph is not None and not captured._graph.steps
+    assert "could not be captured" in caplog.text and "not capturable here" in caplog.text
+    _assert_same_weights(eager, captured)
+
+
+def test_a_captured_runs_optimizer_state_loads_as_a_plain_one():
+    """A GPU run's captured step saves its rate as a tensor and its optimizer capturable; a
+    resume (on a CPU too) loads a float rate and a plain optimizer that steps."""
+    from impala_rl.learner import load_optimizer_state
+
+    cfg = ImpalaAlgorithmConfig(lr=1e-3)
+    saved = Learner(_vector_model(), cfg)
+    saved.update(vector_batch(8, 4))
+    group = saved.optimizer.param_groups[0]
+    group["lr"], group["capturable"] = torch.tensor(5e-4), True
+    saved.set_learning_rate(2e-4)
+    assert float(group["lr"]) == pytest.approx(2e-4) and saved.learning_rate == 2e-4
+    resumed = Learner(_vector_model(), cfg)
+    load_optimizer_state(resumed.optimizer, saved.optimizer.state_dict(), cfg)
+    group = resumed.optimizer.param_groups[0]
+    assert group["capturable"] is False and group["lr"] == pytest.approx(2e-4)
+    assert isinstance(group["lr"], float)
+    resumed.update(vector_batch(8, 4))
+    assert resumed.num_updates == 1

@@ -141,10 +141,11 @@ class ImpalaAlgorithmConfig:
     """Learner device: ``cpu``, ``cuda``, ``cuda:N``, ``mps`` (Apple silicon) or ``auto``
     (cuda when available)."""
     cuda_graph: bool = True
-    """On a GPU, capture the update's forward, V-trace, losses, backward and clipping as one
-    CUDA graph per batch shape (one launch instead of hundreds; the optimizer step follows
-    the host's finiteness check), where the run allows it: one step key, no PopArt, one
-    learner, fp32, not in burn-in. ``false``: always eager."""
+    """On a GPU, capture the update's forward, V-trace, losses, backward, clipping and
+    optimizer step as one CUDA graph per batch shape (one launch instead of hundreds; a step
+    whose loss or gradient norm the host then reads as not finite is undone), where the run
+    allows it: one step key, no PopArt, one learner, fp32, not in burn-in. ``false``: always
+    eager."""
     compile_update: bool | None = False
     """On a CPU, compile the update's forward, V-trace, losses, backward and clipping with
     ``torch.compile`` (inductor): one fused program per batch shape instead of hundreds of

@@ -16,6 +16,7 @@ import copy
 import logging
 import math
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +133,11 @@ def load_optimizer_state(
     settings = optimizer_settings(cfg)
     for group in optimizer.param_groups:
         group.update(settings)
+        # a captured update's optimizer (CapturedStep) saves its rate as a tensor; the
+        # learner makes it capturable again if it captures
+        group["capturable"] = False
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"] = float(group["lr"])
         if group.get("momentum", 0) > 0:
             for p in group["params"]:
                 param_state = optimizer.state.get(p)
@@ -375,6 +381,88 @@ def has_convolutions(model: Model) -> bool:
     return any(isinstance(m, conv) for m in model.modules())
 
 
+class CapturedStep:
+    """The optimizer step inside the captured update: ``take`` keeps a copy of the stepped
+    tensors (the parameters and the optimizer's state) on the device and steps, all in the
+    graph; the host reads the figures after the replay and ``undo`` puts the copy back when
+    the loss or the gradient norm is not finite, so such an update still takes no step.
+
+    On a GPU the optimizer becomes ``capturable`` (its step count on the device) and its
+    learning rate a 0-d tensor that the graph reads, so the schedule needs no new capture."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device):
+        self.optimizer, self.device = optimizer, device
+        self.enabled = True  # False: a capture with the step failed; the host steps
+        self._stepped: list[torch.Tensor] = []
+        self._backup: list[torch.Tensor] = []
+
+    def prepare(self) -> None:
+        """The optimizer made capturable on a GPU (a CPU has no graph: it steps as is)."""
+        if self.device.type != "cuda":
+            return
+        for group in self.optimizer.param_groups:
+            group["capturable"] = True
+            if not isinstance(group["lr"], torch.Tensor):
+                group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
+            for p in group["params"]:
+                state = self.optimizer.state.get(p, {})
+                if isinstance(state.get("step"), torch.Tensor):  # a resume's or a start's
+                    state["step"] = state["step"].to(p.device, torch.float32)
+
+    def release(self) -> None:
+        """Back to a plain optimizer (the host steps): a float rate, not capturable."""
+        for group in self.optimizer.param_groups:
+            group["capturable"] = False
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"] = float(group["lr"])
+
+    def snapshot(self) -> tuple[list[torch.Tensor], dict[int, dict[str, torch.Tensor]]]:
+        """The parameters and the optimizer state as they are, before the warm-up steps."""
+        params = self._params()
+        state = self.optimizer.state
+        kept = {
+            i: {k: v.clone() for k, v in state[p].items() if isinstance(v, torch.Tensor)}
+            for i, p in enumerate(params)
+            if p in state
+        }
+        return [p.detach().clone() for p in params], kept
+
+    def restore(self, saved: tuple[list[torch.Tensor], dict[int, dict[str, torch.Tensor]]]) -> None:
+        """Undo the warm-up's steps in place (the graph keeps the tensors' addresses): the
+        parameters and their state back, the state the warm-up created at its start (RMSProp's
+        and Adam's are zeros); then the tensors ``take`` copies are fixed."""
+        params, kept = saved
+        self._stepped = []
+        with torch.no_grad():
+            for i, p in enumerate(self._params()):
+                p.copy_(params[i])
+                state = self.optimizer.state.get(p, {})
+                tensors = [(k, v) for k, v in state.items() if isinstance(v, torch.Tensor)]
+                for k, v in tensors:
+                    if k in kept.get(i, {}):
+                        v.copy_(kept[i][k])
+                    else:
+                        v.zero_()
+                if tensors:
+                    self._stepped += [p, *(v for _, v in tensors)]
+        self._backup = [t.detach().clone() for t in self._stepped]
+
+    def take(self) -> None:
+        """Copy the stepped tensors aside, then step (in the graph when capturing)."""
+        if self._stepped:
+            with torch.no_grad():
+                torch._foreach_copy_(self._backup, self._stepped)
+        self.optimizer.step()
+
+    def undo(self) -> None:
+        """The last ``take`` undone: the parameters and the state as before its step."""
+        with torch.no_grad():
+            torch._foreach_copy_(self._stepped, self._backup)
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+
 @dataclass
 class _Captured:
     """One batch shape's static inputs, the gradients its backward writes, the graph (``None``
@@ -388,22 +476,34 @@ class _Captured:
 
 
 class UpdateGraph:
-    """The update's forward, V-trace, losses, backward and clipping as one CUDA graph per
-    batch shape, replayed on static buffers: one launch instead of hundreds. The optimizer
-    step stays outside, after the host has checked the loss and the gradient norm finite,
-    so a non-finite update still takes no step. On a CPU the same path runs eagerly (what
-    the tests compare with the eager update).
+    """The update's forward, V-trace, losses, backward, clipping and optimizer step as one
+    CUDA graph per batch shape, replayed on static buffers: one launch instead of hundreds.
+    The step (:class:`CapturedStep`) is undone when the host, reading the figures, finds the
+    loss or the gradient norm not finite, so such an update still takes no step. Should its
+    capture fail, the graphs are captured again without it and the host steps after the
+    read. On a CPU the same path runs eagerly (what the tests compare with the eager update).
 
     ``compute(inputs, entropy_coef)`` returns the packed figures; the coefficient is a 0-d
-    tensor that the graph reads, so its schedule needs no new capture (the learning rate is
-    the optimizer's, outside)."""
+    tensor that the graph reads, so its schedule needs no new capture (nor does the learning
+    rate's: a tensor in the optimizer)."""
 
     WARMUP = 3  # eager runs on a side stream before capture (cuDNN and allocator set-up)
 
-    def __init__(self, compute: Any, params: list[torch.nn.Parameter], device: torch.device):
-        self._compute, self._params, self.device = compute, params, device
+    def __init__(
+        self,
+        compute: Any,
+        params: list[torch.nn.Parameter],
+        device: torch.device,
+        step: CapturedStep | None = None,
+    ):
+        self._compute, self._params, self.device, self.step = compute, params, device, step
         self.entropy_coef = torch.zeros((), device=device)
         self._captured: dict[tuple, _Captured] = {}
+
+    @property
+    def steps(self) -> bool:
+        """Whether a replay takes the optimizer step (the host then checks and may undo)."""
+        return self.step is not None and self.step.enabled
 
     def run(
         self, batch: dict[str, torch.Tensor], entropy_coef: float
@@ -414,7 +514,7 @@ class UpdateGraph:
         signature = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(batch.items()))
         entry = self._captured.get(signature)
         if entry is None:
-            entry = self._captured[signature] = self._capture(batch)
+            entry = self._captured[signature] = self._capture_with_fallback(batch)
         for name, value in batch.items():
             entry.inputs[name].copy_(value, non_blocking=True)
         for p, grad in zip(self._params, entry.grads, strict=True):
@@ -428,22 +528,60 @@ class UpdateGraph:
     def _call(self, inputs: dict[str, torch.Tensor]) -> tuple[Layout, torch.Tensor]:
         return self._compute(inputs, self.entropy_coef)
 
+    def _capture_with_fallback(self, batch: dict[str, torch.Tensor]) -> _Captured:
+        """:meth:`_capture`; should it fail with the optimizer step in the graph, every shape
+        is captured again without it (the host steps), and the run says why."""
+        if not self.steps:
+            return self._capture(batch)
+        assert self.step is not None
+        saved = self.step.snapshot()
+        try:
+            return self._capture(batch)
+        except Exception as exc:  # noqa: BLE001 - any capture failure; without the step re-raises
+            self.step.restore(saved)
+            self.step.release()
+            self.step.enabled = False
+            self._captured.clear()
+            log.warning(
+                "the optimizer step could not be captured in the update's CUDA graph (%s: %s); "
+                "it runs after the graph",
+                type(exc).__name__,
+                (str(exc).strip().splitlines() or [""])[0],
+            )
+            return self._capture(batch)
+
     def _capture(self, batch: dict[str, torch.Tensor]) -> _Captured:
         inputs = {k: v.clone() for k, v in batch.items()}
         for p in self._params:
             p.grad = None  # the backward allocates them (in the graph's pool when capturing)
-        if self.device.type != "cuda":
+        cuda = self.device.type == "cuda"
+        if not cuda and not self.steps:
             return _Captured(inputs, [None] * len(self._params), None, [], torch.empty(0))
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        step = self.step if self.steps else None
+        if step is not None:
+            step.prepare()
+            saved = step.snapshot()
+        side = torch.cuda.Stream(self.device) if cuda else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+        with (
+            torch.cuda.stream(side) if side is not None else contextlib.nullcontext(),
+            warnings.catch_warnings(),
+        ):
+            # torch warns once that a capturable optimizer steps uncaptured: the warm-up does
+            warnings.filterwarnings("ignore", message=".*capturable=True.*")
             for _ in range(self.WARMUP):
                 for p in self._params:
                     p.grad = None
                 self._call(inputs)
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        if side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(side)
+        if step is not None:
+            step.restore(saved)  # the warm-up's steps undone
         for p in self._params:
             p.grad = None
+        if not cuda:  # a CPU: the warm-up and its undoing checked, the same function eagerly
+            return _Captured(inputs, [None] * len(self._params), None, [], torch.empty(0))
         graph = torch.cuda.CUDAGraph()
         # thread_local: the actors' and the evaluator's threads keep using the GPU meanwhile
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
@@ -469,6 +607,7 @@ class Learner:
         self.model = model.to(self.device)
         self.cfg = cfg
         self.optimizer = make_optimizer(self.model, cfg)
+        self._lr: float | None = None  # the last rate set (a captured step's is a tensor)
         self.num_updates = 0
         self.entropy_coef = cfg.entropy_coef  # the trainer moves it along its schedule
         self._popart = model.popart_heads()  # {critic key: PopArt head}
@@ -501,6 +640,7 @@ class Learner:
         if capture is None and not cfg.cuda_graph:
             self.capture = False
         self._graph: UpdateGraph | None = None
+        self._captured_step: CapturedStep | None = None
         # The update compiled (torch.compile): wanted by the setting, or for null by the run's
         # ``planned_steps`` (optimizer steps); ``compiled`` is decided at the first update
         wanted = cfg.compile_update
@@ -646,11 +786,20 @@ class Learner:
 
     def set_learning_rate(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            if isinstance(group["lr"], torch.Tensor):  # read by a captured step
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+        self._lr = float(lr)
 
     @property
     def learning_rate(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
+        lr = self.optimizer.param_groups[0]["lr"]
+        if isinstance(lr, torch.Tensor):  # a captured step's: no read of the device
+            if self._lr is None:
+                self._lr = float(lr)
+            return self._lr
+        return float(lr)
 
     def update(
         self, batch: dict[str, torch.Tensor], train_policy: bool = True, fresh: bool = True
@@ -680,9 +829,11 @@ class Learner:
         # them and their state alone (a graph would give them zeros)
         graph = self._update_graph() if train_policy else None
         compiled = self._compiled_update() if train_policy and graph is None else None
+        taken = False  # whether the captured update took the optimizer step
         if graph is not None:
             t1 = t2 = time.perf_counter()
             layout, packed = graph.run(batch, self.entropy_coef)
+            taken = graph.steps
         elif compiled is not None:
             t1 = t2 = time.perf_counter()
             layout, packed = self._run_compiled(compiled, batch)
@@ -691,7 +842,7 @@ class Learner:
             layout, packed = self._compute(batch, train_policy, self.entropy_coef, marks)
             t1, t2 = marks
         figures, lag = _to_host(layout, packed, self.num_updates - batch["policy_version"])
-        self._step(figures)
+        self._step(figures, taken)
         self._follow_target()
         t3 = time.perf_counter()
         return UpdateStats(
@@ -717,7 +868,10 @@ class Learner:
         if self._graph is None and self.capture is not False:
             refusal = capture_refusal(self.model, self.device, self.group)
             if refusal is None or (self.capture is True and self.device.type == "cpu"):
-                self._graph = UpdateGraph(self._compute_captured, self._params, self.device)
+                self._captured_step = CapturedStep(self.optimizer, self.device)
+                self._graph = UpdateGraph(
+                    self._compute_captured, self._params, self.device, self._captured_step
+                )
             elif self.capture is True:
                 raise ValueError(f"the update cannot be captured: {refusal}")
             self.capture = self._graph is not None
@@ -763,7 +917,12 @@ class Learner:
     def _compute_captured(
         self, batch: dict[str, torch.Tensor], entropy_coef: torch.Tensor
     ) -> tuple[Layout, torch.Tensor]:
-        return self._compute(batch, True, entropy_coef, None, zero_grad=False)
+        """The update's one program; in a captured update also its optimizer step."""
+        layout, packed = self._compute(batch, True, entropy_coef, None, zero_grad=False)
+        step = self._captured_step
+        if self._graph is not None and step is not None and step.enabled:
+            step.take()
+        return layout, packed
 
     def _compute(
         self,
@@ -988,8 +1147,13 @@ class Learner:
         clip_gradients(self._params, self.cfg.max_grad_norm, total_norm)
         return {**norms, "grad_norm": {0: total_norm}}
 
-    def _step(self, figures: dict[str, dict[int, float]]) -> None:
-        """The optimizer step, unless the loss or the gradients are not finite."""
+    def _step(self, figures: dict[str, dict[int, float]], taken: bool = False) -> None:
+        """The optimizer step, unless the loss or the gradients are not finite; ``taken``:
+        the captured update took it, and a non-finite one is undone here."""
+        finite = math.isfinite(figures["total"][0]) and math.isfinite(figures["grad_norm"][0])
+        if taken and not finite:
+            assert self._captured_step is not None
+            self._captured_step.undo()
         if not math.isfinite(figures["total"][0]):
             raise NonFiniteError(
                 f"loss is not finite (policy {list(figures['policy_loss'].values())}, value "
@@ -1003,7 +1167,8 @@ class Learner:
                 "taken. Lower algorithm.lr, set algorithm.max_grad_norm, or check the env's "
                 "observations"
             )
-        self.optimizer.step()
+        if not taken:
+            self.optimizer.step()
         self.num_updates += 1
 
     def _follow_target(self) -> None:
