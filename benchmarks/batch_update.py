@@ -49,7 +49,8 @@ def learner_batch(
     """One batch's work of the preset's learner (seed 0) on synthetic Atari frames on
     ``device``, as training does it: ``num_passes`` passes of ``num_minibatches`` optimizer
     steps, the weights published to shared memory where the trainer broadcasts them
-    (:func:`~impala_rl.config.broadcasts_after`), as the subprocess backend does.
+    (:func:`~impala_rl.config.broadcasts_after`), as the subprocess backend does, and a
+    captured update's figures read at the next step or publish (``settle_later``).
     ``compile_torso``: the encoders' forward compiled in place (``torch.compile``, inductor;
     the state dict keeps its keys), a candidate lever that training does not use yet."""
     alg = cfg.algorithm
@@ -80,10 +81,12 @@ def learner_batch(
         taken = 0
         for n in range(alg.num_passes):
             for block in learner.minibatches(batch, fresh=n == 0):
-                learner.update(block, fresh=n == 0)
+                learner.update(block, fresh=n == 0, settle_later=True)
                 taken += 1
                 if broadcasts_after(alg, taken):
+                    learner.settle()
                     weights.publish(learner.model.state_dict(), learner.num_updates)
+        learner.settle()
 
     return one_batch
 

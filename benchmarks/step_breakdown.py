@@ -10,8 +10,9 @@ published to shared memory, the target's move) so that each is synchronised on i
 prints each part's ms per step. The synchronised parts add up to more than the unsynchronised
 step: on a GPU the waits they add are what the unsynchronised step overlaps. A captured update
 takes its optimizer step in the graph (its time is the replay's; "optimizer step" is then
-the host's finiteness check); ``--step-outside-graph`` captures it without the step, which
-the host then takes, as before the step was captured (the comparison).
+the host's finiteness check) and its figures are read a step late; ``--step-outside-graph``
+captures it without the step, which the host then takes after reading the figures at once,
+as before both (the comparison).
 """
 
 from __future__ import annotations

@@ -260,9 +260,9 @@ def test_the_trainer_takes_one_step_per_minibatch_and_each_pass_covers_every_col
     seen: list[tuple[torch.Tensor, bool, int]] = []
     update = Learner.update
 
-    def recording_update(self, batch, train_policy=True, fresh=True):
+    def recording_update(self, batch, train_policy=True, fresh=True, **kw):
         seen.append((batch["obs"][0].clone(), fresh, batch["first"].shape[1]))
-        return update(self, batch, train_policy=train_policy, fresh=fresh)
+        return update(self, batch, train_policy=train_policy, fresh=fresh, **kw)
 
     overrides = [
         *FAST,

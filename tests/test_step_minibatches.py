@@ -235,9 +235,9 @@ def test_the_trainer_takes_one_step_per_block_and_each_pass_covers_every_decisio
     seen: list[torch.Tensor] = []
     update = Learner.update
 
-    def recording_update(self, batch, train_policy=True, fresh=True):
+    def recording_update(self, batch, train_policy=True, fresh=True, **kw):
         seen.append(batch["obs"][0].clone())
-        return update(self, batch, train_policy=train_policy, fresh=fresh)
+        return update(self, batch, train_policy=train_policy, fresh=fresh, **kw)
 
     overrides = [*FAST, *STEP_REUSE, "algorithm.n_epochs=1", "algorithm.epoch_length=3"]
     with pytest.MonkeyPatch.context() as mp:

@@ -364,11 +364,11 @@ def test_observation_statistics_per_step_key_are_those_of_every_trained_decision
     seen: dict[int, list[torch.Tensor]] = {0: [], 1: []}
     update = Learner.update
 
-    def recording_update(self, batch, train_policy=True, fresh=True):
+    def recording_update(self, batch, train_policy=True, fresh=True, **kw):
         for k in seen:
             rows = batch["step_key"][:-1] == k
             seen[k].append(batch[f"obs_{k}"][:-1][rows].double().clone())
-        return update(self, batch, train_policy=train_policy, fresh=fresh)
+        return update(self, batch, train_policy=train_policy, fresh=fresh, **kw)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Learner, "update", recording_update)

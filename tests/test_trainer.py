@@ -223,10 +223,10 @@ def test_resume_continues_counters_and_schedules(tmp_path, monkeypatch):
     used_entropy_coef: list[float] = []
     update = Learner.update
 
-    def recording_update(self, batch, train_policy=True, fresh=True):
+    def recording_update(self, batch, train_policy=True, fresh=True, **kw):
         used_lr.append(self.learning_rate)
         used_entropy_coef.append(self.entropy_coef)
-        return update(self, batch, train_policy=train_policy, fresh=fresh)
+        return update(self, batch, train_policy=train_policy, fresh=fresh, **kw)
 
     monkeypatch.setattr(Learner, "update", recording_update)
     schedule = [
@@ -368,9 +368,9 @@ def test_observation_statistics_round_trip_through_checkpoints_and_load_policy(t
     seen: list[torch.Tensor] = []
     update = Learner.update
 
-    def recording_update(self, batch, train_policy=True, fresh=True):
+    def recording_update(self, batch, train_policy=True, fresh=True, **kw):
         seen.append(batch["obs"][:-1].reshape(-1, 4).double().clone())
-        return update(self, batch, train_policy=train_policy, fresh=fresh)
+        return update(self, batch, train_policy=train_policy, fresh=fresh, **kw)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Learner, "update", recording_update)
@@ -396,9 +396,9 @@ def test_num_passes_takes_that_many_optimizer_steps_per_batch(tmp_path):
     rhos: list[float] = []
     update = Learner.update
 
-    def recording_update(self, batch, train_policy=True, fresh=True):
+    def recording_update(self, batch, train_policy=True, fresh=True, **kw):
         seen.append((int(batch["policy_version"].min()), fresh))
-        stats = update(self, batch, train_policy=train_policy, fresh=fresh)
+        stats = update(self, batch, train_policy=train_policy, fresh=fresh, **kw)
         rhos.append(stats.vtrace_mean_rho[0])
         return stats
 
@@ -451,9 +451,9 @@ def test_broadcast_every_publishes_every_kth_step_and_each_batchs_last(tmp_path,
         sent.append(version)
         return broadcast(self, state_dict, version)
 
-    def spy_update(self, batch, train_policy=True, fresh=True):
+    def spy_update(self, batch, train_policy=True, fresh=True, **kw):
         seen.extend(int(v) for v in batch["policy_version"].unique())
-        stats = update(self, batch, train_policy=train_policy, fresh=fresh)
+        stats = update(self, batch, train_policy=train_policy, fresh=fresh, **kw)
         behind = self.num_updates - 1 - batch["policy_version"]  # measured before the step
         assert stats.policy_lag == behind.tolist()
         return stats
@@ -501,6 +501,48 @@ def test_actors_that_act_between_batches_are_sent_only_each_batchs_last_weights(
             "target_return=null",
         )
     assert sent == [4, 8]
+
+
+def test_a_captured_update_read_a_step_late_trains_as_the_eager_one(tmp_path):
+    """Training with the captured update (forced here on the CPU, where it runs eagerly): each
+    step's figures are read at the next step or broadcast (``settle_later``), and the run
+    takes the eager run's steps, broadcasts and events."""
+    from impala_rl import learner as learner_module
+    from impala_rl.actors import SequentialDistributedActors
+
+    settings = [
+        "algorithm.num_passes=2",
+        "algorithm.num_minibatches=2",
+        "algorithm.broadcast_every=3",
+        "algorithm.n_epochs=2",
+        "algorithm.epoch_length=3",
+        "target_return=null",
+    ]
+    runs = {}
+    for name in ("eager", "captured"):
+        sent: list[int | None] = []
+        broadcast = SequentialDistributedActors.broadcast_updated_policy
+
+        def spy_broadcast(self, state_dict, version=None, sent=sent, broadcast=broadcast):
+            sent.append(version)
+            return broadcast(self, state_dict, version)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(SequentialDistributedActors, "broadcast_updated_policy", spy_broadcast)
+            mp.setattr(SequentialDistributedActors, "acts_between_batches", False)
+            if name == "captured":
+                mp.setattr(learner_module, "capture_refusal", lambda *_: None)
+            trainer = Trainer(load_config("cartpole", [*FAST, *settings]), run_dir=tmp_path / name)
+            summary = trainer.train()
+        assert (trainer.learner._graph is not None) == (name == "captured")
+        runs[name] = (summary, sent, _metrics(tmp_path / name), trainer.learner.model)
+    (eager, sent_e, rows_e, model_e), (captured, sent_c, rows_c, model_c) = runs.values()
+    assert captured["updates"] == eager["updates"] == 2 * 3 * 4
+    assert sent_c == sent_e == [v for b in range(6) for v in (4 * b + 3, 4 * b + 4)]
+    for key in ("critic_value_loss/0", "policy_loss/0", "grad_norm", "policy_lag/mean"):
+        assert [r[key] for r in rows_c] == pytest.approx([r[key] for r in rows_e], rel=1e-4), key
+    for x, y in zip(model_e.parameters(), model_c.parameters(), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
 
 
 def test_broadcast_every_must_be_a_positive_step_count():

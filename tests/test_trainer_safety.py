@@ -312,9 +312,9 @@ def test_resume_does_not_replay_the_first_runs_env_streams(tmp_path, monkeypatch
     first_rows: list[torch.Tensor] = []
     update = Learner.update
 
-    def recording_update(self, batch, train_policy=True, fresh=True):
+    def recording_update(self, batch, train_policy=True, fresh=True, **kw):
         first_rows.append(batch["obs"][0].clone())
-        return update(self, batch, train_policy=train_policy, fresh=fresh)
+        return update(self, batch, train_policy=train_policy, fresh=fresh, **kw)
 
     monkeypatch.setattr(Learner, "update", recording_update)
     _train(tmp_path, "algorithm.n_epochs=1", "algorithm.epoch_length=1")

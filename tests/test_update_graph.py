@@ -249,3 +249,49 @@ def test_a_captured_runs_optimizer_state_loads_as_a_plain_one():
     assert isinstance(group["lr"], float)
     resumed.update(vector_batch(8, 4))
     assert resumed.num_updates == 1
+
+
+def test_updates_settled_later_give_the_eager_steps_and_figures_in_order():
+    """``settle_later``: a captured update returns before its figures are read; the next
+    update, a target move or ``settle()`` reads them. The steps, their figures and the update
+    count are the eager update's, in order (appo: the target moves once a batch)."""
+    cfg = ImpalaAlgorithmConfig(lr=1e-3, policy_loss="appo", num_passes=2, num_minibatches=2)
+    eager, captured = _pair(_vector_model(), cfg, "cpu")
+    torch.manual_seed(1)
+    batches = [vector_batch(8, 4) for _ in range(2)]
+    for i, batch in enumerate(batches):
+        read_eager, read_later = [], []
+        for n in range(cfg.num_passes):
+            torch.manual_seed(10 * i + n)
+            for block in list(eager.minibatches(batch)):
+                read_eager.append(eager.update(block, fresh=n == 0))
+            torch.manual_seed(10 * i + n)
+            for block in list(captured.minibatches(batch)):
+                assert captured.update(block, fresh=n == 0, settle_later=True) is None
+        read_later = captured.settle()
+        assert captured.settle() == []
+        assert [s.total_loss for s in read_later] == pytest.approx(
+            [s.total_loss for s in read_eager], rel=1e-5
+        )
+        assert [s.policy_lag for s in read_later] == [s.policy_lag for s in read_eager]
+        assert captured.num_updates == eager.num_updates == (i + 1) * 4
+    _assert_same_weights(eager, captured)
+
+
+@pytest.mark.parametrize("found_by", ["settle", "next update"])
+def test_a_non_finite_step_settled_later_is_undone_before_anything_runs_on_it(found_by):
+    cfg = ImpalaAlgorithmConfig(lr=1e-3)
+    learner = Learner(_vector_model(), cfg, "cpu", capture=True)
+    learner.update(vector_batch(8, 4))
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    bad = vector_batch(8, 4)
+    bad["reward"][2, 1] = float("nan")
+    assert learner.update(bad, settle_later=True) is None  # not read yet
+    with pytest.raises(NonFiniteError, match="not finite"):
+        if found_by == "settle":
+            learner.settle()
+        else:
+            learner.update(vector_batch(8, 4), settle_later=True)
+    assert learner.num_updates == 1
+    for b, p in zip(before, learner.model.parameters(), strict=True):
+        assert torch.equal(b, p.detach())

@@ -19,7 +19,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
@@ -464,6 +464,19 @@ class CapturedStep:
 
 
 @dataclass
+class _Pending:
+    """A captured update whose figures are still on the device (``settle_later``)."""
+
+    layout: Layout
+    packed: torch.Tensor
+    lag: torch.Tensor
+    learning_rate: float
+    entropy_coef: float
+    started: float  # the replay's launch; its figures' read ends its "backprob"
+    timings: dict[str, float]
+
+
+@dataclass
 class _Captured:
     """One batch shape's static inputs, the gradients its backward writes, the graph (``None``
     on a CPU: the same function runs eagerly on the same buffers) and its packed figures."""
@@ -641,6 +654,9 @@ class Learner:
             self.capture = False
         self._graph: UpdateGraph | None = None
         self._captured_step: CapturedStep | None = None
+        # settle_later: the captured update whose figures wait, and the stats read since
+        self._pending: _Pending | None = None
+        self._settled: list[UpdateStats] = []
         # The update compiled (torch.compile): wanted by the setting, or for null by the run's
         # ``planned_steps`` (optimizer steps); ``compiled`` is decided at the first update
         wanted = cfg.compile_update
@@ -801,9 +817,31 @@ class Learner:
             return self._lr
         return float(lr)
 
+    @overload
     def update(
-        self, batch: dict[str, torch.Tensor], train_policy: bool = True, fresh: bool = True
-    ) -> UpdateStats:
+        self,
+        batch: dict[str, torch.Tensor],
+        train_policy: bool = True,
+        fresh: bool = True,
+        settle_later: Literal[False] = False,
+    ) -> UpdateStats: ...
+
+    @overload
+    def update(
+        self,
+        batch: dict[str, torch.Tensor],
+        train_policy: bool = True,
+        fresh: bool = True,
+        settle_later: bool = ...,
+    ) -> UpdateStats | None: ...
+
+    def update(
+        self,
+        batch: dict[str, torch.Tensor],
+        train_policy: bool = True,
+        fresh: bool = True,
+        settle_later: bool = False,
+    ) -> UpdateStats | None:
         """One optimizer step on ``batch`` (a slot dict, ``[T+1, B]`` / ``[T, B]``, on device).
 
         Columns are agents' decision streams: a plain env's column is one env's steps, a
@@ -818,6 +856,12 @@ class Learner:
         With a captured update (:class:`UpdateGraph`) or a compiled one
         (``algorithm.compile_update``) the forward, losses and backward run as one program and
         are timed together as ``backprob``.
+
+        ``settle_later``: a captured update that took its step returns ``None`` without reading
+        its figures, so the host prepares the next minibatch while the GPU replays this one;
+        the next captured update, a target move or :meth:`settle` reads them (and undoes the
+        step and raises if they are not finite, before anything else runs on the weights).
+        ``num_updates`` counts the step once it is settled. Other updates return their stats.
         """
         t0 = time.perf_counter()
         _check_observations(batch)
@@ -831,6 +875,7 @@ class Learner:
         compiled = self._compiled_update() if train_policy and graph is None else None
         taken = False  # whether the captured update took the optimizer step
         if graph is not None:
+            self._settle_pending()  # the last step checked before this one runs on its weights
             t1 = t2 = time.perf_counter()
             layout, packed = graph.run(batch, self.entropy_coef)
             taken = graph.steps
@@ -841,10 +886,50 @@ class Learner:
             marks: list[float] = []
             layout, packed = self._compute(batch, train_policy, self.entropy_coef, marks)
             t1, t2 = marks
-        figures, lag = _to_host(layout, packed, self.num_updates - batch["policy_version"])
+        lag_versions = self.num_updates - batch["policy_version"]
+        if settle_later and taken:
+            timings = {"learner_rollout": t1 - t0, "loss_computation": 0.0}
+            self._pending = _Pending(
+                layout, packed, lag_versions, self.learning_rate, self.entropy_coef, t1, timings
+            )
+            self._follow_target()
+            return None
+        figures, lag = _to_host(layout, packed, lag_versions)
         self._step(figures, taken)
         self._follow_target()
         t3 = time.perf_counter()
+        timings = {"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2}
+        return self._stats(figures, lag, self.learning_rate, self.entropy_coef, timings)
+
+    def settle(self) -> list[UpdateStats]:
+        """The stats of the updates made with ``settle_later`` since the last call, in order,
+        their figures read and their steps checked (:class:`NonFiniteError` for a step that
+        was not finite, undone); empty when none is waiting."""
+        self._settle_pending()
+        settled, self._settled = self._settled, []
+        return settled
+
+    def _settle_pending(self) -> None:
+        """Read the waiting update's figures: check its step (undone if not finite) and count
+        it, its stats kept for :meth:`settle`."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        figures, lag = _to_host(pending.layout, pending.packed, pending.lag)
+        self._step(figures, taken=True)
+        timings = {**pending.timings, "backprob": time.perf_counter() - pending.started}
+        self._settled.append(
+            self._stats(figures, lag, pending.learning_rate, pending.entropy_coef, timings)
+        )
+
+    def _stats(
+        self,
+        figures: dict[str, dict[int, float]],
+        lag: list[int],
+        learning_rate: float,
+        entropy_coef: float,
+        timings: dict[str, float],
+    ) -> UpdateStats:
         return UpdateStats(
             total_loss=figures["total"][0],
             policy_loss=figures.get("policy_loss", {}),
@@ -857,9 +942,9 @@ class Learner:
             vtrace_mean_rho=figures.get("vtrace_mean_rho", {}),
             vtrace_clipped_fraction=figures.get("vtrace_clipped_fraction", {}),
             policy_lag=lag,
-            learning_rate=self.learning_rate,
-            entropy_coef=self.entropy_coef,
-            timings={"learner_rollout": t1 - t0, "loss_computation": t2 - t1, "backprob": t3 - t2},
+            learning_rate=learning_rate,
+            entropy_coef=entropy_coef,
+            timings=timings,
         )
 
     def _update_graph(self) -> UpdateGraph | None:
@@ -1178,6 +1263,7 @@ class Learner:
             return
         self.steps_since_target += 1
         if self.steps_since_target >= self.target_update_frequency:
+            self._settle_pending()  # the target copies checked weights only
             self.sync_target(self.cfg.target_tau)
             self.steps_since_target = 0
 

@@ -455,19 +455,26 @@ class Trainer:
             # one optimizer step each) recomputes V-trace against the current weights. Every
             # broadcast_every-th step and the batch's last are broadcast, stamped with the
             # optimizer steps so far, so versions (and policy lag) keep counting optimizer
-            # steps; actors that act only between batches get the last alone.
-            steps = steps_per_batch(cfg.algorithm)
+            # steps; actors that act only between batches get the last alone. A captured
+            # update's figures are read at the next step or broadcast (settle_later), so the
+            # next minibatch is prepared while the GPU runs the step.
+            steps, taken = steps_per_batch(cfg.algorithm), 0
             for n in range(cfg.algorithm.num_passes):
                 for block in self.learner.minibatches(collected.batch, fresh=n == 0):
-                    passes.append(
-                        self.learner.update(block, train_policy=train_policy, fresh=n == 0)
+                    stats = self.learner.update(
+                        block, train_policy=train_policy, fresh=n == 0, settle_later=True
                     )
-                    if broadcasts_after(cfg.algorithm, len(passes)) and (
-                        len(passes) == steps or not actors.acts_between_batches
+                    if stats is not None:  # else read with the next settle()
+                        passes.append(stats)
+                    taken += 1
+                    if broadcasts_after(cfg.algorithm, taken) and (
+                        taken == steps or not actors.acts_between_batches
                     ):
+                        passes += self.learner.settle()  # only checked weights go out
                         actors.broadcast_updated_policy(
                             self.learner.model.state_dict(), self.learner.num_updates
                         )
+            passes += self.learner.settle()
             c.updates = self.learner.num_updates
             env_steps = collected.env_steps
             if self.group_member is not None:
