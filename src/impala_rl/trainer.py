@@ -244,6 +244,7 @@ class Trainer:
         return replace(self.cfg, algorithm=share)
 
     def _checkpoint_payload(self) -> dict[str, Any]:
+        self.learner.settle()  # a step still unread (an error mid-batch) is checked first
         payload = {
             "format": checkpoint.CHECKPOINT_FORMAT,
             "model": self._finite_model_state(),
