@@ -864,6 +864,7 @@ class Learner:
         ``num_updates`` counts the step once it is settled. Other updates return their stats.
         """
         t0 = time.perf_counter()
+        self._settle_pending()  # the last step checked before this one runs on its weights
         _check_observations(batch)
         if fresh and STEP_TARGETS not in batch:  # a step block's pass updated them
             update_observation_statistics(self.model, batch, self.group)
@@ -875,7 +876,6 @@ class Learner:
         compiled = self._compiled_update() if train_policy and graph is None else None
         taken = False  # whether the captured update took the optimizer step
         if graph is not None:
-            self._settle_pending()  # the last step checked before this one runs on its weights
             t1 = t2 = time.perf_counter()
             layout, packed = graph.run(batch, self.entropy_coef)
             taken = graph.steps
