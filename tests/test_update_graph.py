@@ -1,5 +1,6 @@
-"""The captured update (``algorithm.cuda_graph``): one CUDA graph per batch shape on a GPU,
-the same static-buffer path eagerly on a CPU. Either way it must take the eager update's steps."""
+"""The captured update (``algorithm.cuda_graph``): one CUDA graph per batch shape on a GPU, its
+optimizer step included, the same static-buffer path eagerly on a CPU. Either way it must take
+the eager update's steps, read its figures a step late when asked, and undo a non-finite step."""
 
 from __future__ import annotations
 
