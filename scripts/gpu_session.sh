@@ -19,9 +19,11 @@
 # With LEVERS=1, instead: seed 1 under each lever, printing when it passes -15, 0, +15 and +18.
 # The sizing cuts the sized batch (4 unrolls of 8 envs) into 16 minibatches, the preset's
 # optimizer steps per env step; the 4 minibatches it took before needed 2.56M env steps to +18
-# (run 35). The levers: the old 4 minibatches (the comparison), batches of one unroll (the same
-# steps per env step, a target network 4x fresher), and the weights published every 4th step
-# (as often per env step as on 2 cores: the learner's 48 publishes a batch cost ~0.9 ms each).
+# (run 35); it publishes the weights every 4th step (12 publishes a batch, as the preset's). The
+# levers: the old 4 minibatches (the comparison), batches of one unroll (the same steps per env
+# step, a target network 4x fresher), and the weights published after every step (as often per
+# env step as on 2 cores, 48 publishes a batch at ~0.9 ms each; on 2 cores run 38 found the
+# 4th-step publishes within the seeds' spread up to +15).
 # 140 s of training each, to fit one device call.
 # With BREAKOUT=1, instead: `benchmarks/learning.py atari --seeds 1` (Breakout, 10M env steps,
 # sized to the box) for 480 s in runs/gpu-breakout, continued from its checkpoint by the next
@@ -95,7 +97,7 @@ if [ "${LEVERS:-0}" = 1 ]; then
     [ "${DRY:-0}" = 1 ] || WALL=140
     train pong_appo-m4-seed1 1 algorithm.num_minibatches=4  # the sizing before: 8 columns a step
     train pong_appo-b1-seed1 1 algorithm.actors_batch_size=1 algorithm.epoch_length=100
-    train pong_appo-every4-seed1 1 algorithm.broadcast_every=4
+    train pong_appo-every1-seed1 1 algorithm.broadcast_every=1
     exit 0
 fi
 # 0. the captured update, its optimizer step in the graph, against the eager one on this GPU

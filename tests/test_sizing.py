@@ -7,7 +7,7 @@ import pytest
 
 import impala_rl
 from impala_rl import sizing
-from impala_rl.config import load_config, planned_optimizer_steps
+from impala_rl.config import load_config, planned_optimizer_steps, steps_per_batch
 from impala_rl.env_defaults import resolve_config
 from impala_rl.policy import load_run_config
 from impala_rl.sizing import Machine, size_to_machine
@@ -77,6 +77,29 @@ def test_a_larger_batch_keeps_the_presets_minibatch_and_optimizer_steps_per_env_
     chosen = ["algorithm.actors_batch_size=2"]
     mine = size_to_machine(load_config("pong_appo", chosen), chosen, GPU_BOX).algorithm
     assert (mine.actors_batch_size, mine.num_minibatches) == (2, 4)  # a batch given: as written
+
+
+def test_a_larger_batch_keeps_the_presets_weight_publishes_per_batch():
+    """k times the preset's minibatches publish every k-th step: as many copies of the weights
+    a batch as the preset's; the user's setting, or null (once a batch), stays."""
+    a = size_to_machine(load_config("pong_appo"), [], GPU_BOX).algorithm
+    assert (a.num_minibatches, a.broadcast_every) == (16, 4)
+    assert steps_per_batch(a) // a.broadcast_every == steps_per_batch(
+        load_config("pong_appo").algorithm
+    )
+    assert size_to_machine(load_config("pong_appo"), [], Machine(2)).algorithm.broadcast_every == 1
+    for mine in ("1", "null"):
+        chosen = [f"algorithm.broadcast_every={mine}"]
+        a = size_to_machine(load_config("pong_appo", chosen), chosen, GPU_BOX).algorithm
+        assert a.broadcast_every == (None if mine == "null" else 1)
+    chosen = ["algorithm.max_policy_lag=30"]  # 8 minibatches: every other step
+    a = size_to_machine(load_config("pong_appo", chosen), chosen, GPU_BOX).algorithm
+    assert (a.num_minibatches, a.broadcast_every) == (8, 2)
+    chosen = ["algorithm.num_minibatches=8"]  # the user's minibatches: publishes as set
+    assert (
+        size_to_machine(load_config("pong_appo", chosen), chosen, GPU_BOX).algorithm.broadcast_every
+        == 1
+    )
 
 
 def test_a_users_policy_lag_bound_caps_the_sized_minibatches():

@@ -389,8 +389,8 @@ class RunnerConfig:
     """Size the preset to the machine at start-up (:mod:`impala_rl.sizing`): actors from the
     cores, the learner and central inference on a GPU, the batch to match, and minibatches and
     epoch that keep the preset's optimizer steps and env steps per epoch (minibatches no more
-    than ``max_policy_lag`` allows); settings given as overrides stay; precision is never
-    sized. 2 cores: the preset as written."""
+    than ``max_policy_lag`` allows) and its weight broadcasts per batch; settings given as
+    overrides stay; precision is never sized. 2 cores: the preset as written."""
     sized_for: str | None = None
     """The machine a sized run was sized for (set at start-up; a resume keeps the sizes)."""
     start_method: str = "forkserver"

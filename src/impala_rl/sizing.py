@@ -117,7 +117,13 @@ def _process_layout(cfg: RunConfig, machine: Machine, on_gpu: bool, given: set[s
         out["algorithm.epoch_length"] = max(1, round(a.epoch_length * a.actors_batch_size / batch))
         if batch % a.actors_batch_size == 0:  # each step on the preset's minibatch
             scaled = a.num_minibatches * batch // a.actors_batch_size
-            out["algorithm.num_minibatches"] = _within_lag(a, scaled)
+            minibatches = _within_lag(a, scaled)
+            out["algorithm.num_minibatches"] = minibatches
+            if a.broadcast_every is not None and "algorithm.num_minibatches" not in given:
+                # the preset's publishes a batch: each copies the weights out of the learner
+                # (~0.9 ms on an H200), and k - 1 steps more lag are nothing beside a batch's
+                factor = max(1, minibatches // a.num_minibatches)
+                out["algorithm.broadcast_every"] = a.broadcast_every * factor
     if "vector_threads" in cfg.env.kwargs:
         out["env.kwargs.vector_threads"] = 1
     return out
