@@ -296,3 +296,24 @@ def test_a_non_finite_step_settled_later_is_undone_before_anything_runs_on_it(fo
     assert learner.num_updates == 1
     for b, p in zip(before, learner.model.parameters(), strict=True):
         assert torch.equal(b, p.detach())
+
+
+def test_a_second_shapes_capture_keeps_the_copies_the_first_graph_writes():
+    """Each shape's graph copies the weights aside into tensors it captured by address; a
+    later shape's capture must leave those tensors in place (a graph writes where it was
+    captured), and a non-finite step of either shape is undone from them."""
+    cfg = ImpalaAlgorithmConfig(lr=1e-3)
+    learner = Learner(_vector_model(), cfg, "cpu", capture=True)
+    learner.update(vector_batch(8, 4))
+    step = learner._captured_step
+    assert step is not None
+    first = [id(t) for t in step._backup]
+    learner.update(vector_batch(8, 2))  # a second shape: captured again
+    assert [id(t) for t in step._backup] == first
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    bad = vector_batch(8, 4)
+    bad["reward"][2, 1] = float("nan")
+    with pytest.raises(NonFiniteError):
+        learner.update(bad)
+    for b, p in zip(before, learner.model.parameters(), strict=True):
+        assert torch.equal(b, p.detach())

@@ -130,14 +130,11 @@ def load_optimizer_state(
     if saved_order is not None and order is not None and saved_order != order:
         state = reordered_optimizer_state(state, saved_order, order)
     optimizer.load_state_dict(state)
+    # a captured update's optimizer saved a tensor rate; the learner captures it again if it can
+    plain_optimizer(optimizer)
     settings = optimizer_settings(cfg)
     for group in optimizer.param_groups:
         group.update(settings)
-        # a captured update's optimizer (CapturedStep) saves its rate as a tensor; the
-        # learner makes it capturable again if it captures
-        group["capturable"] = False
-        if isinstance(group["lr"], torch.Tensor):
-            group["lr"] = float(group["lr"])
         if group.get("momentum", 0) > 0:
             for p in group["params"]:
                 param_state = optimizer.state.get(p)
@@ -145,6 +142,15 @@ def load_optimizer_state(
                     param_state["momentum_buffer"] = torch.zeros_like(
                         p, memory_format=torch.preserve_format
                     )
+
+
+def plain_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer`` as the host steps it: a float learning rate, not ``capturable`` (what a
+    :class:`CapturedStep` made of it)."""
+    for group in optimizer.param_groups:
+        group["capturable"] = False
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"] = float(group["lr"])
 
 
 def reordered_optimizer_state(
@@ -409,13 +415,6 @@ class CapturedStep:
                 if isinstance(state.get("step"), torch.Tensor):  # a resume's or a start's
                     state["step"] = state["step"].to(p.device, torch.float32)
 
-    def release(self) -> None:
-        """Back to a plain optimizer (the host steps): a float rate, not capturable."""
-        for group in self.optimizer.param_groups:
-            group["capturable"] = False
-            if isinstance(group["lr"], torch.Tensor):
-                group["lr"] = float(group["lr"])
-
     def snapshot(self) -> tuple[list[torch.Tensor], dict[int, dict[str, torch.Tensor]]]:
         """The parameters and the optimizer state as they are, before the warm-up steps."""
         params = self._params()
@@ -430,8 +429,10 @@ class CapturedStep:
     def restore(self, saved: tuple[list[torch.Tensor], dict[int, dict[str, torch.Tensor]]]) -> None:
         """Undo the warm-up's steps in place (the graph keeps the tensors' addresses): the
         parameters and their state back, the state the warm-up created at its start (RMSProp's
-        and Adam's are zeros); then the tensors ``take`` copies are fixed."""
+        and Adam's are zeros); then the tensors ``take`` copies are fixed. A tensor keeps its
+        copy from an earlier capture: that shape's graph writes there."""
         params, kept = saved
+        copies = {id(t): c for t, c in zip(self._stepped, self._backup, strict=True)}
         self._stepped = []
         with torch.no_grad():
             for i, p in enumerate(self._params()):
@@ -445,7 +446,9 @@ class CapturedStep:
                         v.zero_()
                 if tensors:
                     self._stepped += [p, *(v for _, v in tensors)]
-        self._backup = [t.detach().clone() for t in self._stepped]
+        self._backup = [
+            copies[id(t)] if id(t) in copies else t.detach().clone() for t in self._stepped
+        ]
 
     def take(self) -> None:
         """Copy the stepped tensors aside, then step (in the graph when capturing)."""
@@ -552,7 +555,7 @@ class UpdateGraph:
             return self._capture(batch)
         except Exception as exc:  # noqa: BLE001 - any capture failure; without the step re-raises
             self.step.restore(saved)
-            self.step.release()
+            plain_optimizer(self.step.optimizer)
             self.step.enabled = False
             self._captured.clear()
             log.warning(
@@ -1004,8 +1007,8 @@ class Learner:
     ) -> tuple[Layout, torch.Tensor]:
         """The update's one program; in a captured update also its optimizer step."""
         layout, packed = self._compute(batch, True, entropy_coef, None, zero_grad=False)
-        step = self._captured_step
-        if self._graph is not None and step is not None and step.enabled:
+        step = self._captured_step  # None when compiled instead
+        if step is not None and step.enabled:
             step.take()
         return layout, packed
 
@@ -1235,18 +1238,19 @@ class Learner:
     def _step(self, figures: dict[str, dict[int, float]], taken: bool = False) -> None:
         """The optimizer step, unless the loss or the gradients are not finite; ``taken``:
         the captured update took it, and a non-finite one is undone here."""
-        finite = math.isfinite(figures["total"][0]) and math.isfinite(figures["grad_norm"][0])
-        if taken and not finite:
+        loss_finite = math.isfinite(figures["total"][0])
+        norm_finite = math.isfinite(figures["grad_norm"][0])
+        if taken and not (loss_finite and norm_finite):
             assert self._captured_step is not None
             self._captured_step.undo()
-        if not math.isfinite(figures["total"][0]):
+        if not loss_finite:
             raise NonFiniteError(
                 f"loss is not finite (policy {list(figures['policy_loss'].values())}, value "
                 f"{list(figures['critic_value_loss'].values())}, entropy "
                 f"{[-x for x in figures['policy_entropy'].values()]}); lower algorithm.lr or "
                 "check the env's rewards"
             )
-        if not math.isfinite(figures["grad_norm"][0]):
+        if not norm_finite:
             raise NonFiniteError(
                 f"gradient norm is {figures['grad_norm'][0]} with a finite loss; no step was "
                 "taken. Lower algorithm.lr, set algorithm.max_grad_norm, or check the env's "
