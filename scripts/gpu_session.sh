@@ -31,6 +31,10 @@
 # also comes back under $OUT/gpu-breakout: put it in runs/ and carry it to a cold one.
 set -u
 export PYTHONUNBUFFERED=1
+START_S=$SECONDS
+# The device call's limit is 600 s: the training runs get what the earlier parts left of
+# BUDGET_S (a run's start-up and shutdown, ~40 s, kept aside), at most WALL each.
+BUDGET_S="${BUDGET_S:-570}"
 OUT="${OUT:-/tmp/gpu-session}"
 mkdir -p "$OUT"
 if [ "${DRY:-0}" = 1 ]; then
@@ -62,10 +66,16 @@ PY
 train() {  # train NAME SEED OVERRIDES...: one budgeted run of pong_appo, then its report
     local run="$OUT/$1" seed=$2
     shift 2
-    local start end
+    local start end wall=$((BUDGET_S - (SECONDS - START_S) - 40))
+    [ $wall -gt $WALL ] && wall=$WALL
+    if [ $wall -lt 30 ] && [ $wall -lt $WALL ]; then
+        echo "$run: not run, $((SECONDS - START_S)) s of the ${BUDGET_S}-s budget gone"
+        return 1
+    fi
+    [ $wall -lt $WALL ] && echo "$run: ${wall} s of training (the budget's rest), not $WALL"
     start=$(date +%s.%N)
-    timeout $((WALL + 90)) "$PY" -m impala_rl.cli train pong_appo seed=$seed target_return=null \
-        max_wall_time_s=$WALL log.console=false "$@" --run-dir "$run" > "$run.log" 2>&1
+    timeout $((wall + 90)) "$PY" -m impala_rl.cli train pong_appo seed=$seed target_return=null \
+        max_wall_time_s=$wall log.console=false "$@" --run-dir "$run" > "$run.log" 2>&1
     end=$(date +%s.%N)
     report "$run" "$start" "$end"
 }
@@ -121,7 +131,7 @@ for every in 1 null; do
         --repeats $BATCHES 2>&1 | tail -1
 done
 for seed in 1 2; do
-    train pong_appo-seed$seed $seed
-    # how many of the torso's ReLU units the sized run left alive (a few seconds on the CPU)
-    timeout 120 "$PY" benchmarks/dead_units.py "$OUT/pong_appo-seed$seed" 2>&1 | tail -2
+    # and how many of the torso's ReLU units the sized run left alive (a few seconds)
+    train pong_appo-seed$seed $seed &&
+        timeout 120 "$PY" benchmarks/dead_units.py "$OUT/pong_appo-seed$seed" 2>&1 | tail -2
 done
