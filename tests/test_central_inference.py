@@ -33,11 +33,12 @@ from impala_rl.config import (
     RunnerConfig,
     load_config,
 )
+from impala_rl.decisions import LocalActing
 from impala_rl.envs import EnvFactory
 from impala_rl.learner import forward_batch
 from impala_rl.nn import act
 from impala_rl.nn.factory import build_model_for_env
-from impala_rl.rollout import ActorLoop, rollout_spec_for
+from impala_rl.rollout import ActorLoop, ActorSplits, rollout_spec_for
 
 T = 12
 
@@ -205,7 +206,7 @@ def test_weights_loaded_into_the_server_act_with_their_version():
 
 
 def _subprocess_actors(
-    max_actor_restarts: int = 3, servers: int = 1
+    max_actor_restarts: int = 3, servers: int = 1, splits: int = 1
 ) -> SubprocessDistributedActors:
     factory = EnvFactory("CartPole-v1")
     model = _model(factory, core="lstm", shared_torso=True, lstm_hidden_size=8)
@@ -213,15 +214,20 @@ def _subprocess_actors(
         num_actors=2, envs_per_actor=2, n_rollout_steps=8, actors_batch_size=2
     )
     runner = RunnerConfig(
-        inference="central", inference_servers=servers, max_actor_restarts=max_actor_restarts
+        inference="central",
+        inference_servers=servers,
+        env_splits=splits,
+        max_actor_restarts=max_actor_restarts,
     )
     return SubprocessDistributedActors(factory, model, cfg, 0, runner=runner, device="cpu")
 
 
-@pytest.mark.parametrize("servers", [1, 2])
-def test_subprocess_actors_with_central_inference_survive_a_killed_actor(servers):
-    """With two servers actor 1 is the second's: its restart reaches that server again."""
-    actors = _subprocess_actors(servers=servers)
+@pytest.mark.parametrize(("servers", "splits"), [(1, 1), (2, 1), (2, 2)])
+def test_subprocess_actors_with_central_inference_survive_a_killed_actor(servers, splits):
+    """With two servers actor 1 is the second's: its restart reaches that server again. With
+    two env groups per actor each actor has a pipe to each server, and the restart reconnects
+    both."""
+    actors = _subprocess_actors(servers=servers, splits=splits)
     with actors:
         for _ in range(3):
             out = actors.collect_outputs("cpu")
@@ -287,6 +293,114 @@ def test_the_server_reports_its_figures_when_it_stops(caplog, servers):
     assert 0 <= figures["busy_percent"] <= 100
 
 
+class _GatedActing(LocalActing):
+    """Group 0's acting waits, at its first decision, until group 1 has decided twice."""
+
+    def __init__(self, model, group: int, other_stepped: threading.Event, seed: int):
+        super().__init__(model, torch.Generator().manual_seed(seed))
+        self.group, self.other_stepped, self.calls = group, other_stepped, 0
+
+    def act(self, *args):
+        self.calls += 1
+        if self.group == 0 and self.calls == 1:
+            assert self.other_stepped.wait(60), "group 0 waited while no other group stepped"
+        if self.group == 1 and self.calls == 2:
+            self.other_stepped.set()
+        return super().act(*args)
+
+
+def test_env_splits_fill_each_groups_columns_as_that_group_alone_would():
+    """Two groups of 2 envs, each a loop of its own seeds, fill columns 0-1 and 2-3 of a
+    4-column slot exactly as each loop alone fills a 2-column slot, over several unrolls
+    (episodes carried across them), with their episodes and env steps summed."""
+    factory = EnvFactory("CartPole-v1", max_episode_steps=9)
+    model = _model(factory, core="lstm", shared_torso=True, lstm_hidden_size=8)
+    split = ActorSplits([ActorLoop(factory, 2, model, 5 + 2 * g, T) for g in range(2)])
+    alone = [ActorLoop(factory, 2, model, 5 + 2 * g, T) for g in range(2)]
+    for _ in range(3):
+        slot = rollout_spec_for(model, None, T, 4).allocate()
+        result = split.unroll(slot)
+        own = [rollout_spec_for(model, None, T, 2).allocate() for _ in range(2)]
+        results = [loop.unroll(o) for loop, o in zip(alone, own, strict=True)]
+        for name, field in slot.items():
+            joined = torch.cat([o[name] for o in own], dim=0 if field.ndim == 1 else 1)
+            torch.testing.assert_close(field, joined, rtol=0, atol=0, msg=name)
+        assert result.env_steps == 4 * T
+        assert sorted(result.episode_returns) == sorted(
+            r for res in results for r in res.episode_returns
+        )
+        assert result.episode_returns  # episodes of 9 steps ended in every unroll of 12
+    split.close()
+    for loop in alone:
+        loop.close()
+
+
+def test_a_group_steps_while_another_waits_for_its_answer():
+    """The point of the groups: group 0's first decision is answered only after group 1 has
+    decided twice (env steps of its own in between). Groups that took turns on one thread
+    would wait here until the deadline and fail."""
+    factory = EnvFactory("CartPole-v1")
+    model = _model(factory)
+    stepped = threading.Event()
+    loops = [
+        ActorLoop(factory, 2, model, g, T, acting=_GatedActing(model, g, stepped, g))
+        for g in range(2)
+    ]
+    split = ActorSplits(loops)
+    start = time.monotonic()
+    split.unroll(rollout_spec_for(model, None, T, 4).allocate())
+    assert stepped.is_set() and time.monotonic() - start < 60
+    split.close()
+
+
+def test_central_inference_with_env_splits_acts_every_column_with_the_policy():
+    """One actor, two env groups, two servers: each group's requests go to its own server
+    (both serve although there is one actor), and every column of every batch was acted by
+    the published policy (the replayed log-probs match the behaviour ones)."""
+    factory = EnvFactory("CartPole-v1")
+    model = _model(factory)
+    cfg = ImpalaAlgorithmConfig(
+        num_actors=1, envs_per_actor=4, n_rollout_steps=8, actors_batch_size=1
+    )
+    runner = RunnerConfig(inference="central", inference_servers=2, env_splits=2)
+    actors = SubprocessDistributedActors(factory, model, cfg, 0, runner=runner, device="cpu")
+    with actors:
+        for _ in range(3):
+            batch = actors.collect_outputs("cpu").batch
+            assert batch["behaviour_log_prob"].shape == (8, 4)
+            out = forward_batch(model.eval(), batch)
+            torch.testing.assert_close(
+                out.log_prob[:-1], batch["behaviour_log_prob"], atol=1e-5, rtol=1e-5
+            )
+            assert bool((batch["behaviour_log_prob"] < 0).all())  # no column left unwritten
+    assert all(s.stats and s.stats["batches"] > 0 for s in actors.servers)
+
+
+def test_env_splits_need_central_inference_and_divide_the_envs():
+    central = ["runner.backend=subprocess", "runner.inference=central"]
+    with pytest.raises(ConfigError, match=r"runner\.env_splits.*runner\.inference=actor"):
+        load_config("cartpole", ["runner.backend=subprocess", "runner.env_splits=2"])
+    with pytest.raises(ConfigError, match=r"runner\.env_splits.*envs_per_actor=4"):
+        load_config("cartpole", [*central, "runner.env_splits=3"])
+    with pytest.raises(ConfigError, match=r"runner\.env_splits"):
+        load_config("cartpole", [*central, "runner.env_splits=0"])
+    with pytest.raises(ConfigError, match=r"runner\.inference_servers.*at most 4"):
+        load_config(
+            "cartpole",
+            [
+                *central,
+                "algorithm.num_actors=2",
+                "runner.env_splits=2",
+                "runner.inference_servers=5",
+            ],
+        )
+    cfg = load_config(
+        "cartpole",
+        [*central, "algorithm.num_actors=1", "runner.env_splits=2", "runner.inference_servers=2"],
+    )
+    assert (cfg.runner.env_splits, cfg.runner.inference_servers) == (2, 2)
+
+
 def test_central_inference_needs_the_subprocess_backend():
     with pytest.raises(ConfigError, match=r"runner\.inference"):
         load_config("cartpole", ["runner.inference=central"])  # the preset is sequential
@@ -335,9 +449,11 @@ def _train_central(tmp_path, *overrides: str) -> dict:
     return Trainer(cfg).train()
 
 
-@pytest.mark.parametrize("servers", [1, 2])
+@pytest.mark.parametrize("servers", [1, 2, "2 with env splits"])
 def test_cartpole_trains_with_central_inference(tmp_path, servers):
-    two = ["algorithm.num_actors=2", "runner.inference_servers=2"] if servers == 2 else []
+    two = ["algorithm.num_actors=2", "runner.inference_servers=2"] if servers != 1 else []
+    if servers != 1 and servers != 2:
+        two.append("runner.env_splits=2")
     assert _train_central(tmp_path, *two)["env_steps"] >= 6000
     assert threading.active_count() < 10  # the dispatcher thread is gone
 

@@ -385,6 +385,12 @@ class RunnerConfig:
     this many for its own actors (at most its share of them). One server's Python work per
     batch caps the actors it can serve; add one when its closing log line says it was busy
     most of the time and the device has room."""
+    env_splits: int = 1
+    """``runner.inference=central``: each actor's ``algorithm.envs_per_actor`` envs in this
+    many groups that take turns, each in a thread of the actor process with its own request
+    to the server, so one group steps while the others' requests are served (Sample Factory's
+    double-buffered sampling). 1: all of an actor's envs step, then wait, together. Must
+    divide ``algorithm.envs_per_actor``."""
     size_to_machine: bool = False
     """Size the preset to the machine at start-up (:mod:`impala_rl.sizing`): actors from the
     cores, the learner and central inference on a GPU, the batch to match, and minibatches and
@@ -872,6 +878,7 @@ RULES: dict[str, Rule] = {
     "runner.start_method": one_of(START_METHODS),
     "runner.inference": one_of(INFERENCE_PLACES),
     "runner.inference_servers": at_least(1, integer=True),
+    "runner.env_splits": at_least(1, integer=True),
     "runner.max_actor_restarts": at_least(0, integer=True),
     "runner.learner_threads": at_least(1, integer=True, nullable=True),
     "runner.shutdown_timeout_s": above(0),
@@ -1083,6 +1090,19 @@ def validate(cfg: RunConfig) -> None:
             "1 with runner.inference=actor (each actor acts itself)",
             cfg.runner.inference_servers,
         )
+    if cfg.runner.env_splits > 1 and cfg.runner.inference != "central":
+        _refuse(
+            "runner.env_splits",
+            "1 with runner.inference=actor (a group waits for answers only from a server)",
+            cfg.runner.env_splits,
+        )
+    if a.envs_per_actor % cfg.runner.env_splits:
+        _refuse(
+            "runner.env_splits",
+            f"a divisor of algorithm.envs_per_actor={a.envs_per_actor} (each group steps as "
+            "many envs)",
+            cfg.runner.env_splits,
+        )
     check_queue_out_of_sync_factor(a)
     if a.num_actors % a.num_learners:
         _refuse(
@@ -1091,19 +1111,19 @@ def validate(cfg: RunConfig) -> None:
             "batches of as many actors)",
             a.num_learners,
         )
-    # each learner runs runner.inference_servers servers for its own share of the actors
-    actors_per_learner = a.num_actors // a.num_learners
-    if cfg.runner.inference_servers > actors_per_learner:
-        valid = f"at most algorithm.num_actors={a.num_actors}"
+    # each learner runs runner.inference_servers servers for its own actors' env groups
+    groups = a.num_actors // a.num_learners * cfg.runner.env_splits
+    if cfg.runner.inference_servers > groups:
+        parts = [f"algorithm.num_actors={a.num_actors}"]
         if a.num_learners > 1:
-            valid = (
-                f"at most {actors_per_learner}, each learner's actors (algorithm.num_actors="
-                f"{a.num_actors} / algorithm.num_learners={a.num_learners}): every learner "
-                "runs this many servers for its own actors"
-            )
+            parts.append(f"/ algorithm.num_learners={a.num_learners}")
+        if cfg.runner.env_splits > 1:
+            parts.append(f"x runner.env_splits={cfg.runner.env_splits}")
         _refuse(
             "runner.inference_servers",
-            f"{valid} (a server without actors idles)",
+            f"at most {groups} ({' '.join(parts)}: the env groups of each learner's actors; "
+            "every learner runs this many servers for its own, and a server without actors "
+            "idles)",
             cfg.runner.inference_servers,
         )
     if a.max_policy_lag is not None and a.max_policy_lag < steps_per_batch(a) - 1:

@@ -53,6 +53,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -470,6 +471,51 @@ class ActorLoop:
 
     def close(self) -> None:
         self.envs.close()
+
+
+class ActorSplits:
+    """An actor's envs in groups that take turns (``runner.env_splits``): group ``g`` is an
+    :class:`ActorLoop` over its share of the envs that fills its block of a slot's columns.
+
+    With one group the loop unrolls on the caller's thread. With several, each unrolls on a
+    thread of its own, so that while one group waits for central inference's answer (the
+    thread blocks on its pipe, without the interpreter lock) another steps its envs: Sample
+    Factory's double-buffered sampling, with the actor loop unchanged. Each group's columns get
+    the oldest version that acted on them, and the unroll's statistics are summed.
+    """
+
+    def __init__(self, loops: list[ActorLoop]):
+        self.loops = loops
+        self.N = sum(loop.num_envs * loop.n_agents for loop in loops)
+        self._pool = None
+        if len(loops) > 1:
+            self._pool = ThreadPoolExecutor(len(loops) - 1, thread_name_prefix="env-split")
+
+    def unroll(self, slot: dict[str, torch.Tensor]) -> UnrollResult:
+        """Fill ``slot``'s ``N`` columns, group ``g`` the ``g``-th block of them."""
+        if self._pool is None:
+            return self.loops[0].unroll(slot)
+        blocks, start = [], 0
+        for loop in self.loops:
+            stop = start + loop.num_envs * loop.n_agents
+            blocks.append(column_block(slot, start, stop))
+            start = stop
+        others = [
+            self._pool.submit(loop.unroll, block)
+            for loop, block in zip(self.loops[1:], blocks[1:], strict=True)
+        ]
+        results = [self.loops[0].unroll(blocks[0]), *(f.result() for f in others)]
+        return UnrollResult(
+            [r for result in results for r in result.episode_returns],
+            [n for result in results for n in result.episode_lengths],
+            sum(result.env_steps for result in results),
+        )
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        for loop in self.loops:
+            loop.close()
 
 
 def _collect(finished: FinishedEpisodes | None, returns: list[float], lengths: list[int]) -> None:

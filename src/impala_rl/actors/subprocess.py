@@ -20,8 +20,10 @@ Layout
 - With ``runner.inference=central`` the actors hold no weights: each has a second pipe, to
   its inference server's process (:mod:`impala_rl.actors.inference`; actor ``i`` to server
   ``i % runner.inference_servers``), which reads the same weight buffer between batches of
-  requests. The server's end of a restarted actor's new pipe is handed to it over its control
-  pipe; a server failing ends training with its error.
+  requests. With ``runner.env_splits=K`` an actor's envs are K groups taking turns, each with
+  a pipe and a request row of its own (``i * K + g``, served by server ``(i * K + g) %
+  runner.inference_servers``). The server's end of a restarted actor's new pipe is handed to
+  it over its control pipe; a server failing ends training with its error.
 
 Shared memory comes from torch's file-descriptor strategy, so nothing is left under
 ``/dev/shm`` even when a process is killed.
@@ -59,7 +61,7 @@ from impala_rl.actors.supervisor import (
     ActorSupervisor,
 )
 from impala_rl.distributed import main_file_missing
-from impala_rl.rollout import ActorLoop, RolloutSpec
+from impala_rl.rollout import ActorLoop, ActorSplits, RolloutSpec
 
 log = logging.getLogger(__name__)
 
@@ -157,28 +159,39 @@ def _actor_main(
     num_envs: int,
     unroll_length: int,
     seed: int,
-    inference: tuple[Connection, dict[str, torch.Tensor]] | None = None,
+    inference: tuple[list[Connection], dict[str, torch.Tensor]] | None = None,
 ) -> None:
+    """One actor process. ``inference`` (central): a pipe to the server per env group
+    (``runner.env_splits``), group ``g`` writing request row ``actor_index * groups + g``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process handles Ctrl-C
     torch.set_num_threads(1)
     try:
         slots = slot_views(store)
         model = pickle.loads(model_bytes)
-        acting = None
-        if inference is not None:  # central: the learner process acts, no weights here
-            infer_conn, requests = inference
-            rows = {name: field[actor_index] for name, field in requests.items()}
-            acting = CentralActing(infer_conn, rows, model)
-        loop = ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index, acting)
-        if acting is None:
-            loop.policy_version = weights.read_into(loop.model, -1)
+        if inference is None:
+            loops = [ActorLoop(env_factory, num_envs, model, seed, unroll_length, actor_index)]
+            loops[0].policy_version = weights.read_into(model, -1)
+        else:  # central: the server processes act, no weights here
+            infer_conns, requests = inference
+            groups, loops = len(infer_conns), []
+            n = num_envs // groups
+            for g, infer_conn in enumerate(infer_conns):
+                rows = {name: field[actor_index * groups + g] for name, field in requests.items()}
+                acting = CentralActing(infer_conn, rows, model)
+                # env i of group g is env g * n + i of the ungrouped actor: the same seed
+                loops.append(
+                    ActorLoop(
+                        env_factory, n, model, seed + g * n, unroll_length, actor_index, acting
+                    )
+                )
+        loop = ActorSplits(loops)
         conn.send(("ready",))  # its envs and policy are built: it came up
         while True:
             msg = conn.recv()
             if msg is None:
                 break
-            if acting is None:
-                loop.policy_version = weights.read_into(loop.model, loop.policy_version)
+            if inference is None:
+                loops[0].policy_version = weights.read_into(model, loops[0].policy_version)
             result = loop.unroll(slots[msg])
             conn.send(("full", msg, result))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
@@ -231,6 +244,12 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
     ):
         super().__init__(*args, runner=runner, **kwargs)
         self.central = getattr(runner, "inference", "actor") == "central"
+        self._splits = getattr(runner, "env_splits", 1) if self.central else 1
+        if self.cfg.envs_per_actor % self._splits:
+            raise ActorError(
+                f"runner.env_splits must divide algorithm.envs_per_actor="
+                f"{self.cfg.envs_per_actor}, got {self._splits}"
+            )
         self.device = torch.device(device)
         self.servers: list[InferenceProcess] = []  # central: actor i's is servers[i % len]
         self.start_method = getattr(runner, "start_method", "forkserver")
@@ -278,7 +297,9 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
         self.weights.publish(self._template.state_dict(), self.policy_version)
         self._free: collections.deque[int] = collections.deque(range(n_slots))
         if self.central:
-            self._requests = allocate_requests(spec, cfg.num_actors, spec.N)
+            # a row per env group of each actor (runner.env_splits)
+            clients = cfg.num_actors * self._splits
+            self._requests = allocate_requests(spec, clients, spec.N // self._splits)
             n = getattr(self.runner, "inference_servers", 1)
             for s in range(n):  # each its own sampler seed, apart from the actors'
                 self.servers.append(
@@ -300,10 +321,11 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
     def _spawn(self, actor: _Actor, seed: int) -> None:
         cfg = self.cfg
         parent_conn, child_conn = self.ctx.Pipe(duplex=True)
-        inference = infer_child = None
-        if self.central:
-            infer_parent, infer_child = self.ctx.Pipe(duplex=True)
-            inference = (infer_child, self._requests)
+        inference = None
+        pipes: list[tuple[Connection, Connection]] = []
+        if self.central:  # a pipe per env group, group g's row and server: client index
+            pipes = [self.ctx.Pipe(duplex=True) for _ in range(self._splits)]
+            inference = ([child for _, child in pipes], self._requests)
         process = self.ctx.Process(
             target=_actor_main,
             name=f"impala-actor-{actor.index}",
@@ -323,9 +345,10 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
         )
         process.start()
         child_conn.close()
-        if infer_child is not None:
+        for g, (infer_parent, infer_child) in enumerate(pipes):
             infer_child.close()
-            self._server_of(actor.index).add_actor(actor.index, infer_parent)
+            client = actor.index * self._splits + g
+            self._server_of(client).add_actor(client, infer_parent)
         actor.process, actor.conn = process, parent_conn
 
     def _give_work(self, actor: _Actor) -> None:
@@ -437,13 +460,18 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
         """Central inference's error, or that a server's process is gone (None while they
         serve); ``actor``: one whose failure may be its server's (waited for up to a second:
         the actor can see its pipe break before the server's exit code is there)."""
-        serving = None if actor is None or not self.servers else self._server_of(actor.index)
+        serving = []  # the servers of the actor's env groups
+        if actor is not None and self.servers:
+            first = actor.index * self._splits
+            serving = [self._server_of(c) for c in range(first, first + self._splits)]
         for server in self.servers:
             try:
-                server.check(1.0 if server is serving else 0.0)
+                server.check(1.0 if any(server is s for s in serving) else 0.0)
             except RuntimeError as exc:
                 return ActorError(f"central inference: {exc}")
         return None
 
-    def _server_of(self, actor_index: int) -> InferenceProcess:
-        return self.servers[actor_index % len(self.servers)]
+    def _server_of(self, client: int) -> InferenceProcess:
+        """The server of request row ``client`` (actor ``i``'s env group ``g``: ``i *
+        runner.env_splits + g``)."""
+        return self.servers[client % len(self.servers)]
