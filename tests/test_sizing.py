@@ -28,9 +28,23 @@ def test_a_gpu_box_gets_the_measured_settings_with_no_override():
     a, r = cfg.algorithm, cfg.runner
     assert (a.device, a.num_actors, a.actors_batch_size, a.envs_per_actor) == ("cuda", 16, 4, 8)
     assert (r.inference, r.inference_servers, cfg.env.kwargs["vector_threads"]) == ("central", 2, 1)
+    assert r.env_splits == 2  # each actor's 8 envs in two groups of 4 taking turns
     assert a.epoch_length == 25  # 100 batches of 1 unroll's columns: the same env steps
     assert a.num_minibatches == 16  # 4 times the preset's 4: its minibatch of 2 columns
     assert r.sized_for == "16 cores, NVIDIA H100 80GB HBM3"
+
+
+def test_env_groups_are_sized_only_where_they_can_split_and_a_users_count_wins():
+    """Two groups where the envs split evenly under central inference; an odd count, the
+    user's own splits, or actor-side inference keep one group, and each sizing is valid."""
+    odd = ["algorithm.envs_per_actor=5"]
+    assert size_to_machine(load_config("pong_appo", odd), odd, GPU_BOX).runner.env_splits == 1
+    four = ["runner.inference=central", "runner.env_splits=4"]
+    assert size_to_machine(load_config("pong_appo", four), four, GPU_BOX).runner.env_splits == 4
+    actor = ["runner.inference=actor"]
+    sized = size_to_machine(load_config("pong_appo", actor), actor, GPU_BOX)
+    assert (sized.runner.inference, sized.runner.env_splits) == ("actor", 1)
+    assert size_to_machine(load_config("pong_appo"), [], Machine(16)).runner.env_splits == 1
 
 
 def test_the_atari_preset_is_sized_as_pong_is():

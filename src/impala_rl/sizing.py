@@ -7,9 +7,11 @@ this process sees, for the settings the user did not give (an override always wi
 - **a GPU** (unless ``algorithm.device=cpu`` is given): the learner on it
   (``algorithm.device=cuda``), one actor process per core with one stepping thread each,
   batches of a quarter of the actors' unrolls
-  (``actors_batch_size``), central inference with one server per 8 cores. Measured on one
-  H100/H200 with 16 cores (docs/performance.md): B=4 of 16 actors trained fastest, central
-  inference 1.2x actor-side, two servers beside one;
+  (``actors_batch_size``), central inference with one server per 8 cores, each actor's envs
+  in two groups that take turns (``runner.env_splits``). Measured on one H100/H200 with 16
+  cores (docs/performance.md): B=4 of 16 actors trained fastest, central inference 1.2x
+  actor-side, two servers beside one; the two groups filled batches 1.46x faster than one on
+  2 CPU cores (one actor, one server: benchmarks/env_splits.py), not yet timed on a GPU;
 - **no GPU, more than 2 cores**: half the cores step envs (one actor process each, one
   stepping thread), the other half run the learner (``runner.learner_threads``), a batch of
   one unroll per actor (not measured beyond 2 cores);
@@ -105,6 +107,8 @@ def _process_layout(cfg: RunConfig, machine: Machine, on_gpu: bool, given: set[s
             per_learner = max(1, actors // a.num_learners)
             servers = max(1, min(per_learner, machine.cores // CORES_PER_SERVER))
             out["runner.inference_servers"] = servers
+            if a.envs_per_actor % 2 == 0:  # one half steps while the other's answer comes
+                out["runner.env_splits"] = 2
     elif machine.cores > 2:
         actors = a.num_actors if "algorithm.num_actors" in given else machine.cores // 2
         out["algorithm.actors_batch_size"] = actors
