@@ -2,7 +2,7 @@
 # One device call for issue 53's GPU targets, prepared and tested on the CPU (with DRY=1: tiny
 # budgets, the CPU). Run from the repository root on the GPU machine, carrying .whl:
 #
-#     bash scripts/gpu_session.sh            # ~540 s: step breakdown, batch_update, 2 seeds
+#     bash scripts/gpu_session.sh            # <= 570 s: breakdown, batch_update, 2 seeds, splits
 #     LEVERS=1 bash scripts/gpu_session.sh   # ~500 s: seed 1 under each sample-efficiency lever
 #     BREAKOUT=1 bash scripts/gpu_session.sh # ~540 s: the `atari` preset's Breakout, resumable
 #
@@ -20,10 +20,11 @@
 # The sizing cuts the sized batch (4 unrolls of 8 envs) into 16 minibatches, the preset's
 # optimizer steps per env step; the 4 minibatches it took before needed 2.56M env steps to +18
 # (run 35); it publishes the weights every 4th step (12 publishes a batch, as the preset's). The
-# levers: the old 4 minibatches (the comparison), batches of one unroll (the same steps per env
-# step, a target network 4x fresher), and the weights published after every step (as often per
-# env step as on 2 cores, 48 publishes a batch at ~0.9 ms each; on 2 cores run 38 found the
-# 4th-step publishes within the seeds' spread up to +15).
+# levers: the old 4 minibatches (the comparison), each actor's envs in one group instead of the
+# sizing's two taking turns (runner.env_splits=1; on 2 CPU cores two groups filled batches
+# 1.07-1.46x faster, benchmarks/env_splits.py), and the weights published after every step (as
+# often per env step as on 2 cores, 48 publishes a batch at ~0.9 ms each; on 2 cores run 38
+# found the 4th-step publishes within the seeds' spread up to +15).
 # 140 s of training each, to fit one device call.
 # With BREAKOUT=1, instead: `benchmarks/learning.py atari --seeds 1` (Breakout, 10M env steps,
 # sized to the box) for 480 s in runs/gpu-breakout, continued from its checkpoint by the next
@@ -106,7 +107,7 @@ fi
 if [ "${LEVERS:-0}" = 1 ]; then
     [ "${DRY:-0}" = 1 ] || WALL=140
     train pong_appo-m4-seed1 1 algorithm.num_minibatches=4  # the sizing before: 8 columns a step
-    train pong_appo-b1-seed1 1 algorithm.actors_batch_size=1 algorithm.epoch_length=100
+    train pong_appo-splits1-seed1 1 runner.env_splits=1  # each actor's 8 envs as one group
     train pong_appo-every1-seed1 1 algorithm.broadcast_every=1
     exit 0
 fi
@@ -135,3 +136,15 @@ for seed in 1 2; do
     train pong_appo-seed$seed $seed &&
         timeout 120 "$PY" benchmarks/dead_units.py "$OUT/pong_appo-seed$seed" 2>&1 | tail -2
 done
+# 3. if the budget leaves time: the actors and servers alone, the sizing's two env groups against
+#    one (benchmarks/env_splits.py, one pair, fresh processes each)
+if [ $((BUDGET_S - (SECONDS - START_S))) -ge 70 ]; then
+    sized=(algorithm.device=$DEVICE algorithm.num_actors=16 algorithm.actors_batch_size=4
+        env.kwargs.vector_threads=1 runner.inference_servers=2)
+    [ "${DRY:-0}" = 1 ] && sized=(algorithm.num_actors=2 algorithm.actors_batch_size=2
+        env.kwargs.vector_threads=1 algorithm.envs_per_actor=4)
+    timeout 120 "$PY" benchmarks/env_splits.py pong_appo "${sized[@]}" --seconds 8 --pairs 1 \
+        2>&1 | grep -v "A.L.E\|Stella" | tail -4
+else
+    echo "benchmarks/env_splits.py: not run, $((SECONDS - START_S)) s of the budget gone"
+fi
