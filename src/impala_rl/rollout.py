@@ -486,7 +486,6 @@ class ActorSplits:
 
     def __init__(self, loops: list[ActorLoop]):
         self.loops = loops
-        self.N = sum(loop.num_envs * loop.n_agents for loop in loops)
         self._pool = None
         if len(loops) > 1:
             self._pool = ThreadPoolExecutor(len(loops) - 1, thread_name_prefix="env-split")
