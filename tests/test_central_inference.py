@@ -376,6 +376,29 @@ def test_central_inference_with_env_splits_acts_every_column_with_the_policy():
     assert all(s.stats and s.stats["batches"] > 0 for s in actors.servers)
 
 
+def test_an_env_failing_in_a_second_group_ends_the_run_with_its_error():
+    """Group 1's envs step on a worker thread: their exception reaches the actor's report (no
+    hang), names the env's error, and every process is stopped."""
+    factory = EnvFactory(
+        "fault_envs:make_crashing_env", {"crash_after": 5, "crash_instance": 2}
+    )  # instance 2 in an actor process: group 1's first env (group 0 builds 0 and 1)
+    model = _model(EnvFactory("CartPole-v1"))
+    cfg = ImpalaAlgorithmConfig(
+        num_actors=1, envs_per_actor=4, n_rollout_steps=8, actors_batch_size=1
+    )
+    runner = RunnerConfig(inference="central", env_splits=2, max_actor_restarts=0)
+    actors = SubprocessDistributedActors(factory, model, cfg, 0, runner=runner, device="cpu")
+    with actors:
+        with pytest.raises(ActorError, match="deliberate test crash"):
+            for _ in range(20):
+                actors.collect_outputs("cpu")
+        pids = [a.process.pid for a in actors.actors if a.process is not None]
+        pids += [s.process.pid for s in actors.servers]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 def test_env_splits_need_central_inference_and_divide_the_envs():
     central = ["runner.backend=subprocess", "runner.inference=central"]
     with pytest.raises(ConfigError, match=r"runner\.env_splits.*runner\.inference=actor"):
