@@ -381,8 +381,9 @@ class RunnerConfig:
     backend only)."""
     inference_servers: int = 1
     """``runner.inference=central``: server processes (Sample Factory's policy workers), actor
-    ``i`` served by server ``i % inference_servers``; with several learners, each learner runs
-    this many for its own actors (at most its share of them). One server's Python work per
+    ``i`` served by server ``i % inference_servers`` (with ``env_splits=K``, its group ``g`` by
+    server ``(i * K + g) % inference_servers``); with several learners, each learner runs this
+    many for its own actors (at most their env groups). One server's Python work per
     batch caps the actors it can serve; add one when its closing log line says it was busy
     most of the time and the device has room."""
     env_splits: int = 1
