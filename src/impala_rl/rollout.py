@@ -489,16 +489,14 @@ class ActorSplits:
         self._pool = None
         if len(loops) > 1:
             self._pool = ThreadPoolExecutor(len(loops) - 1, thread_name_prefix="env-split")
+        ends = np.cumsum([loop.num_envs * loop.n_agents for loop in loops]).tolist()
+        self._bounds = list(zip([0, *ends[:-1]], ends, strict=True))  # group g's columns
 
     def unroll(self, slot: dict[str, torch.Tensor]) -> UnrollResult:
         """Fill ``slot``'s ``N`` columns, group ``g`` the ``g``-th block of them."""
         if self._pool is None:
             return self.loops[0].unroll(slot)
-        blocks, start = [], 0
-        for loop in self.loops:
-            stop = start + loop.num_envs * loop.n_agents
-            blocks.append(column_block(slot, start, stop))
-            start = stop
+        blocks = [column_block(slot, start, stop) for start, stop in self._bounds]
         others = [
             self._pool.submit(loop.unroll, block)
             for loop, block in zip(self.loops[1:], blocks[1:], strict=True)

@@ -466,7 +466,7 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
             serving = [self._server_of(c) for c in range(first, first + self._splits)]
         for server in self.servers:
             try:
-                server.check(1.0 if any(server is s for s in serving) else 0.0)
+                server.check(1.0 if server in serving else 0.0)
             except RuntimeError as exc:
                 return ActorError(f"central inference: {exc}")
         return None
