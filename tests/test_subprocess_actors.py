@@ -477,3 +477,48 @@ def test_a_script_from_stdin_gets_a_clear_error(tmp_path):
     assert done.returncode != 0
     assert "is not a file (a script read from stdin?)" in done.stderr
     assert "runner.backend=sequential" in done.stderr
+
+
+TRAIN_AND_RETURN = """
+import sys
+import impala_rl
+
+if __name__ == "__main__":
+    impala_rl.train("cartpole", [
+        "runner.backend=subprocess", "max_env_steps=3000", "target_return=null",
+        "log.console=false", "log.tensorboard=false",
+    ], run_dir=sys.argv[1])
+"""
+
+
+@time_limit(180)
+def test_a_script_that_trains_leaves_no_process_behind_when_it_returns(tmp_path):
+    """The library's way, with no `impala` command to clean up: a script that trains and
+    returns. Checked the moment it exits: the forkserver and the resource tracker are stopped
+    and joined at interpreter exit, after the actors (left alone, they outlived it)."""
+    run_dir = tmp_path / "run"
+    script = tmp_path / "train_and_return.py"
+    script.write_text(TRAIN_AND_RETURN)
+    log_path = tmp_path / "output.txt"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(run_dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    session = proc.pid
+    try:
+        code = proc.wait(timeout=150)
+        left = _processes_left(session, run_dir)
+        assert code == 0, log_path.read_text()
+        assert json.loads((run_dir / "summary.json").read_text())["env_steps"] >= 3000
+        assert not left, f"processes of the script still there when it exited: {left}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        try:
+            os.killpg(session, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -41,7 +41,9 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
+from contextlib import suppress
 from multiprocessing import forkserver, resource_tracker
+from multiprocessing import util as mp_util
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -72,6 +74,22 @@ def start_forkserver() -> None:
     learner is built."""
     mp.get_context("forkserver").set_forkserver_preload(["impala_rl.rollout"])
     forkserver.ensure_running()
+    # A script that trains through the library returns with no `impala` command to stop them:
+    # at its exit, after multiprocessing has joined its children (priority below 0), the
+    # helpers are stopped and joined too. One finalizer however many runs; the CLI's own stop
+    # leaves it a no-op.
+    global _helpers_stopped_at_exit
+    if not _helpers_stopped_at_exit:
+        mp_util.Finalize(None, _stop_helpers_quietly, exitpriority=-100)
+        _helpers_stopped_at_exit = True
+
+
+_helpers_stopped_at_exit = False
+
+
+def _stop_helpers_quietly() -> None:
+    with suppress(Exception):  # at interpreter exit: nothing left to report it to
+        stop_helper_processes()
 
 
 def stop_helper_processes() -> None:
