@@ -57,6 +57,36 @@ def make_env(length: int = 8) -> gym.Env:
     return DictObsEnv(length)
 
 
+class Handle(spaces.Space):
+    """An entry that is neither numbers nor text: the model leaves it out."""
+
+    def sample(self, mask=None, probability=None):
+        return object()
+
+    def contains(self, x) -> bool:
+        return True
+
+
+class HandleEnv(gym.Wrapper):
+    """:class:`DictObsEnv` with an opaque ``handle`` entry besides."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.observation_space = spaces.Dict({**env.observation_space.spaces, "handle": Handle()})
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return {**obs, "handle": object()}, info
+
+    def step(self, action):
+        obs, *rest = self.env.step(action)
+        return {**obs, "handle": object()}, *rest
+
+
+def make_handle_env() -> gym.Env:
+    return HandleEnv(DictObsEnv())
+
+
 KEY_SPACES = {
     0: SPACE,  # MiniGrid's observation in small: image, direction, pos, mission
     1: spaces.Dict(
@@ -114,3 +144,49 @@ class DictKeysEnv(StructuredEnv):
 
 def make_keys_env(length: int = 8) -> StructuredEnv:
     return DictKeysEnv(length)
+
+
+COLOURS = ("red", "green", "blue", "yellow")
+
+
+class MissionEnv(gym.Env):
+    """Each step asks for one of four colours in words ("go to the blue door") and pays 1 for
+    the action of that colour: only a policy that reads the mission does better than 1 in 4.
+    The mission also says where in the sentence the colour is (two templates)."""
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, length: int = 8):
+        self.observation_space = spaces.Dict(
+            {
+                "mission": spaces.Text(40, charset="abcdefghijklmnopqrstuvwxyz "),
+                "pos": spaces.Box(-1.0, 1.0, (2,), np.float32),
+            }
+        )
+        self.action_space = spaces.Discrete(len(COLOURS))
+        self.length = length
+        self.t = 0
+        self.colour = 0
+
+    def _obs(self) -> dict:
+        self.colour = int(self.np_random.integers(len(COLOURS)))
+        words = COLOURS[self.colour]
+        if self.np_random.random() < 0.5:
+            mission = f"go to the {words} door"
+        else:
+            mission = f"the door is {words} go there"
+        return {"mission": mission, "pos": np.zeros(2, np.float32)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.colour)
+        self.t += 1
+        return self._obs(), reward, self.t >= self.length, False, {}
+
+
+def make_mission_env(length: int = 8) -> gym.Env:
+    return MissionEnv(length)

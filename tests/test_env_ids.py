@@ -78,7 +78,7 @@ def test_module_colon_attribute_that_is_neither_callable_nor_id_is_refused(fake_
 
 def test_minigrid_ids_build_as_typed():
     """In a fresh interpreter (nothing imported minigrid yet) both forms a user types build
-    the env, whose Dict observation reaches the model without its Text mission."""
+    the env, whose Dict observation reaches the model with its mission as words."""
     pytest.importorskip("minigrid")
     code = textwrap.dedent(
         """
@@ -92,4 +92,4 @@ def test_minigrid_ids_build_as_typed():
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["['direction', 'image']"] * 2, result.stdout
+    assert result.stdout.splitlines() == ["['direction', 'image', 'mission']"] * 2, result.stdout

@@ -1,5 +1,5 @@
 """Structured envs whose step keys observe Dicts: each key's observation keeps its entries (an
-encoder per entry, ``Text`` left out with one line), the slot stores each entry in its own
+encoder per entry, a ``Text`` entry as its words), the slot stores each entry in its own
 dtype, the learner recomputes the actors' log-probs (with a core, with normalization per vector
 entry), and a run trains, evaluates and loads with ``load_policy``.
 
@@ -20,6 +20,7 @@ import dict_envs
 import impala_rl
 from impala_rl.config import ConfigError, load_config
 from impala_rl.envs import make_env_factory
+from impala_rl.envs.spaces import TextTokens, text_tokens
 from impala_rl.learner import forward_batch, update_observation_statistics
 from impala_rl.nn.encoders import DictEncoder
 from impala_rl.nn.factory import build_model_for_env
@@ -37,20 +38,21 @@ def _model(overrides=()):
     return build_model_for_env(cfg.model, dict_envs.DictKeysEnv())
 
 
-def test_each_step_key_gets_an_encoder_per_entry_and_text_is_left_out(caplog):
+def test_each_step_key_gets_an_encoder_per_entry_and_text_is_read_as_words(caplog):
     with caplog.at_level(logging.WARNING):
         make_env_factory(load_config("cartpole", ["env.id=dict_envs:make_keys_env"]).env)
     model = _model()
     first, second = model.observation_spaces[0], model.observation_spaces[1]
     assert isinstance(first, spaces.Dict) and isinstance(second, spaces.Dict)
-    assert list(first.spaces) == ["direction", "image", "pos"]
+    assert list(first.spaces) == ["direction", "image", "mission", "pos"]
     assert first["image"] == spaces.Box(0, 255, (3, 5, 5), np.uint8)  # channels first
+    assert isinstance(first["mission"], TextTokens)
     assert list(second.spaces) == ["mode", "pos"]  # the action mask is the mask
     assert model.mask_sizes == {0: None, 1: 3}
     for k in (0, 1):
         assert isinstance(model.action_head(k), torch.nn.Module)
         assert isinstance(model._policy_net(k).torso, DictEncoder)
-    assert "step key 0: the observation entries 'mission' (Text)" in caplog.text
+    assert "mission" not in caplog.text  # nothing left out
 
 
 @pytest.mark.parametrize(
@@ -75,9 +77,11 @@ def test_slots_keep_each_entry_and_the_learner_recomputes_the_actors_log_probs(o
         assert tuple(slot["obs_0.image"].shape) == (T + 1, N, 3, 5, 5)
         assert slot["obs_0.direction"].dtype == torch.int64
         assert slot["obs_1.mode"].dtype == torch.int64
-        assert not any("mission" in name for name in slot)
         keys = slot["step_key"]
         assert set(keys.flatten().tolist()) == {0, 1}
+        assert slot["obs_0.mission"].dtype == torch.int16
+        go = torch.as_tensor(text_tokens("go"))
+        assert (slot["obs_0.mission"][keys == 0] == go).all()  # key 0's mission, as words
         # the rows a key decides hold that key's observation: direction index 0..3, mode 0..2
         assert slot["obs_0.direction"][keys == 0].max() <= 3
         assert slot["obs_1.mode"][keys == 1].max() <= 2

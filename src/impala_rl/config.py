@@ -293,13 +293,18 @@ class ModelConfig:
     last inputs, PopArt, bf16 and central inference work on top of it as on a built-in one.
     A Dict observation gets an encoder per entry, features concatenated: the CNN that fits an
     image (the one named here, if any), a one-hot for a Discrete entry, and for its vectors
-    the MLP (``hidden_sizes``) of ``dict_vectors``; an encoder by import path gets the whole
-    Dict (``{entry: [N, *o_entry]}``)."""
+    and text (``read_text``) the MLP (``hidden_sizes``) of ``dict_vectors``; an encoder by
+    import path gets the whole Dict (``{entry: [N, *o_entry]}``)."""
     dict_vectors: str = "joint"
     """A Dict observation's vector entries: ``joint``, concatenated into one MLP, so features
     can combine entries (a goal's offset from a position; SB3's ``CombinedExtractor`` and
     RLlib read a Dict so); ``per_entry``, an MLP each, their features only added up by the
     heads (runs saved before this setting existed)."""
+    read_text: bool = True
+    """Whether the torsos read a Dict observation's text entries (``Text``, MiniGrid's
+    mission): its first 32 words, lower case, each as two hashed ids, embedded by position
+    (``impala_rl.envs.spaces.TextTokens``; an encoder by import path gets the ids
+    ``[N, 32, 2]``). ``false``: left out, as runs saved before this setting were built."""
     encoder_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of an encoder given by import path (recorded with the run, so resume,
     ``impala eval`` and ``load_policy`` rebuild it); empty for a built-in encoder."""
@@ -685,10 +690,11 @@ def config_from_dict(data: dict) -> RunConfig:
     """Rebuild a validated config from :func:`to_dict`'s output (e.g. a checkpoint).
 
     A config saved before a setting existed gets the behaviour it was trained with:
-    ``model.dict_vectors=per_entry``."""
+    ``model.dict_vectors=per_entry``, ``model.read_text=false``."""
     model = data.get("model")
-    if isinstance(model, dict) and "dict_vectors" not in model:
-        data = {**data, "model": {**model, "dict_vectors": "per_entry"}}
+    earlier = {"dict_vectors": "per_entry", "read_text": False}
+    if isinstance(model, dict) and any(k not in model for k in earlier):
+        data = {**data, "model": {**{k: v for k, v in earlier.items() if k not in model}, **model}}
     return load_config(base=data)
 
 

@@ -17,6 +17,7 @@ from impala_rl import checkpoint
 from impala_rl.config import RunConfig, config_from_dict, to_dict
 from impala_rl.decisions import DecisionStreams, LocalActing
 from impala_rl.envs import EnvFactory
+from impala_rl.envs.spaces import is_text
 from impala_rl.envs.structured import is_structured
 from impala_rl.nn import Model
 from impala_rl.nn.factory import build_model_for_env
@@ -187,18 +188,19 @@ class Policy:
 
 def _fits(obs: Any, space: Any, batch_dims: int) -> bool:
     """Whether ``obs`` is ``[*batch, *shape]`` of ``space`` with ``batch_dims`` batch dims
-    (per entry of a Dict; its ``Text`` entries are not read)."""
+    (per entry of a Dict; a text entry is a string, a batch of them a sequence of strings)."""
     import gymnasium
 
     if isinstance(space, gymnasium.spaces.Dict):
         if not isinstance(obs, dict):
             return False
-        entries = {
-            k: s for k, s in space.spaces.items() if not isinstance(s, gymnasium.spaces.Text)
-        }
-        return all(k in obs and _fits(obs[k], s, batch_dims) for k, s in entries.items())
+        return all(k in obs and _fits(obs[k], s, batch_dims) for k, s in space.spaces.items())
     if isinstance(obs, dict):
         return False
+    if is_text(space):
+        if batch_dims == 0:
+            return isinstance(obs, str)
+        return np.ndim(obs) == 1 and all(isinstance(x, str) for x in obs)
     if space.shape is None:  # a Tuple space: one observation
         return batch_dims == 0
     discrete = (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete)

@@ -3,7 +3,8 @@
 An observation reaches the model as one ``Box`` (an image stays ``uint8``, anything
 else becomes a float32 vector), or, for a ``Dict`` observation, as a ``Dict`` that keeps its
 structure (:func:`dict_model_space`): an image entry stays a ``uint8`` image, a ``Discrete``
-entry an index, every other entry a float32 vector; ``Text`` entries are left out.
+entry an index, a text entry (``Text``, MiniGrid's mission) its words as hashed ids
+(:class:`TextTokens`), every other entry a float32 vector.
 
 Every ``uint8`` image, plain, a Dict entry or a step key's, goes through one conversion to
 ``[C, H, W]`` (:func:`image_layout`): channels last (``[H, W, C]``, as MiniGrid's and most
@@ -16,7 +17,10 @@ Every env module imports from here and from nothing above it, so the package has
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
+import re
 from typing import Any
 
 import gymnasium as gym
@@ -79,6 +83,57 @@ def image_space(space: spaces.Box) -> spaces.Box:
     return spaces.Box(low, high, dtype=np.uint8)
 
 
+TEXT_WORDS = 32
+"""The words of a text entry the model reads: the first ones (a longer text is cut)."""
+
+TEXT_BUCKETS = 1024
+"""Ids per hash of a word (0 is no word). A word is two ids from two hashes, so two words share
+both only by a chance of about one in a million, with no vocabulary to build or share."""
+
+
+class TextTokens(spaces.MultiDiscrete):
+    """The model's view of a text entry: its first :data:`TEXT_WORDS` words (lower case,
+    letters and digits), each as two hashed ids ``[TEXT_WORDS, 2]`` (:func:`text_tokens`),
+    ``0`` after the last word. The model embeds them by position (a mission's template puts
+    the object it names in one place)."""
+
+    def __init__(self) -> None:
+        super().__init__(np.full((TEXT_WORDS, 2), TEXT_BUCKETS), dtype=np.int16)
+
+    def __repr__(self) -> str:
+        return f"TextTokens({TEXT_WORDS} words)"
+
+
+def is_text(space: spaces.Space) -> bool:
+    """A ``Text`` space, or one that cannot be flattened to numbers whose observations are
+    strings (MiniGrid's ``MissionSpace``)."""
+    if isinstance(space, spaces.Text):
+        return True
+    if type(space).__module__.startswith("gymnasium."):
+        return False  # Gymnasium's own spaces are numbers or containers, Text aside
+    try:
+        spaces.flatten_space(space)
+        return False
+    except NotImplementedError:
+        pass
+    try:
+        return isinstance(space.sample(), str)
+    except Exception:  # a space that cannot sample says nothing
+        return False
+
+
+@functools.lru_cache(maxsize=4096)
+def text_tokens(text: str) -> np.ndarray:
+    """``text``'s :class:`TextTokens` (read-only; missions repeat, so they are cached)."""
+    ids = np.zeros((TEXT_WORDS, 2), dtype=np.int16)
+    for i, word in enumerate(re.findall(r"[0-9a-z]+", text.lower())[:TEXT_WORDS]):
+        digest = hashlib.blake2b(word.encode(), digest_size=4).digest()
+        for j in range(2):
+            ids[i, j] = 1 + int.from_bytes(digest[2 * j : 2 * j + 2], "little") % (TEXT_BUCKETS - 1)
+    ids.flags.writeable = False
+    return ids
+
+
 def _unflattenable(space: spaces.Space) -> str:
     """Which entries of a Dict or Tuple space cannot be flattened to numbers (e.g. ``Text``)."""
     if isinstance(space, (spaces.Dict, spaces.Tuple)):
@@ -113,6 +168,8 @@ def model_observation_space(space: spaces.Space) -> spaces.Box:
 
 def _entry_space(space: spaces.Space) -> spaces.Space:
     """The model's view of one Dict entry (see :func:`dict_model_space`)."""
+    if is_text(space):
+        return TextTokens()
     if isinstance(space, spaces.Discrete):
         return spaces.Discrete(int(space.n))
     return model_observation_space(space)
@@ -122,16 +179,16 @@ def dict_model_space(space: spaces.Dict) -> tuple[spaces.Dict, list[str]]:
     """The model's ``Dict`` for a Dict observation space and the entries it leaves out.
 
     An image entry stays a ``uint8`` image (as ``[C, H, W]``: :func:`image_layout`), a
-    ``Discrete`` entry is its index (``Discrete(n)`` from 0), any other entry a float32 vector
-    (flattened); entries that are not numbers (``Text``) are left out.
+    ``Discrete`` entry is its index (``Discrete(n)`` from 0), a text entry its words
+    (:class:`TextTokens`), any other entry a float32 vector (flattened); entries that are none
+    of these (a ``Graph``, a ``Sequence``) are left out.
     """
     kept: dict[str, spaces.Space] = {}
     dropped: list[str] = []
     for name, sub in space.spaces.items():
         try:
-            if isinstance(sub, spaces.Text):  # Gymnasium flattens it to character indices
-                raise NotImplementedError
-            spaces.flatten_space(sub)
+            if not is_text(sub):  # Gymnasium flattens Text to character indices
+                spaces.flatten_space(sub)
         except NotImplementedError:
             dropped.append(f"{name!r} ({type(sub).__name__})")
             continue
@@ -180,6 +237,8 @@ class ObservationConverter:
     @staticmethod
     def _entry(source: spaces.Space, target: spaces.Space, value: Any) -> np.ndarray:
         """One observation (or Dict entry) of ``source`` in the model's form ``target``."""
+        if isinstance(target, TextTokens):
+            return text_tokens(str(value)).copy()  # the cached one stays read-only
         if isinstance(target, spaces.Discrete):
             return np.asarray(int(value) - int(source.start), dtype=np.int64)
         layout = image_layout(source)
@@ -207,12 +266,13 @@ class ModelObservation(gym.ObservationWrapper):
 
 
 def log_dropped_entries(env_id: str, dropped: list[str], step_key: int | None = None) -> None:
-    """One line naming the Dict entries the model does not read (``Text``), if any (of step
-    key ``step_key`` in a structured env)."""
+    """One line naming the Dict entries the model does not read (neither numbers nor text),
+    if any (of step key ``step_key`` in a structured env)."""
     if dropped:
         where = env_id if step_key is None else f"{env_id}, step key {step_key}"
         logging.getLogger(__name__).warning(
-            "env.id=%s: the observation entries %s are not numbers; the model does not read them",
+            "env.id=%s: the observation entries %s are neither numbers nor text; the model does "
+            "not read them",
             where,
             ", ".join(dropped),
         )

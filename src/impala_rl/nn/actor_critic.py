@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from impala_rl.config import CORES, CRITIC_MODES, PRECISIONS, VECTOR_ENCODERS, ConfigError
+from impala_rl.envs.spaces import TextTokens
 from impala_rl.nn.core import CoreState, LSTMCore
 from impala_rl.nn.distributions import (
     ActionDistribution,
@@ -100,7 +101,8 @@ class ActorCritic(nn.Module):
     - ``shared_torso``: each key's critic reads its policy's torso; otherwise a critic has a
       torso of its own, from ``value_encoder`` (and ``value_encoder_kwargs``) when given, and
       ``actor_hidden_sizes``/``critic_hidden_sizes`` size the two MLPs apart.
-    - ``policy_obs_keys`` / ``value_obs_keys``: the Dict entries each torso reads.
+    - ``policy_obs_keys`` / ``value_obs_keys``: the Dict entries each torso reads;
+      ``read_text=False``: none of its text entries (models saved before they were read).
     - ``shared_policy``: one policy for every key (their spaces must be equal).
     - ``critic="per_step_key"``: a critic per key (critic key = step key); ``"shared"``: one
       critic (key 0) over every key's observation (Box keys), flattened, zero-padded to the
@@ -149,6 +151,7 @@ class ActorCritic(nn.Module):
         value_encoder_kwargs: Mapping[str, Any] | None = None,
         policy_obs_keys: Sequence[str] | None = None,
         value_obs_keys: Sequence[str] | None = None,
+        read_text: bool = True,
         shared_policy: bool = False,
         critic: str = "per_step_key",
         mask_sizes: Mapping[int, int | None] | None = None,
@@ -191,7 +194,7 @@ class ActorCritic(nn.Module):
                 encoder_kwargs,
                 policy_sizes,
                 "model.encoder",
-                _entries(obs_spaces[k], policy_obs_keys, "model.policy_obs_keys"),
+                _entries(obs_spaces[k], policy_obs_keys, "model.policy_obs_keys", read_text),
             )
             for k in policy_keys
         }
@@ -203,7 +206,9 @@ class ActorCritic(nn.Module):
         for k in self.step_keys if critic == "per_step_key" else ():
             critic_torsos[k] = None
             if not shared_torso:
-                value_space = _entries(obs_spaces[k], value_obs_keys, "model.value_obs_keys")
+                value_space = _entries(
+                    obs_spaces[k], value_obs_keys, "model.value_obs_keys", read_text
+                )
                 critic_torsos[k] = torso(
                     value_encoder or encoder,
                     value_encoder_kwargs if value_encoder else encoder_kwargs,
@@ -670,10 +675,17 @@ def _check_shape(x: Any, shape: tuple[int, ...], what: str) -> None:
         raise ValueError(f"Expected {what} of shape [*batch, {dims}], got {got}")
 
 
-def _entries(space: gymnasium.Space, keys: Sequence[str] | None, field: str) -> gymnasium.Space:
-    """The Dict observation's entries ``keys`` (in the space's order); ``space`` for None."""
+def _entries(
+    space: gymnasium.Space, keys: Sequence[str] | None, field: str, read_text: bool = True
+) -> gymnasium.Space:
+    """The Dict observation's entries ``keys`` (in the space's order; all for None), without
+    its text entries unless ``read_text``."""
     if keys is None:
-        return space
+        if read_text or not isinstance(space, gymnasium.spaces.Dict):
+            return space
+        keys = [k for k, s in space.spaces.items() if not isinstance(s, TextTokens)]
+        if len(keys) == len(space.spaces):
+            return space
     if not isinstance(space, gymnasium.spaces.Dict):
         raise ConfigError(
             f"{field}={list(keys)}: selects entries of a Dict observation; this env observes "

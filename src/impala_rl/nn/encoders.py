@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from impala_rl.config import ACTIVATIONS, ENCODERS, ConfigError, is_import_path
+from impala_rl.envs.spaces import TextTokens
 
 _ACTIVATION_CLASSES: dict[str, type[nn.Module]] = {
     "tanh": nn.Tanh,
@@ -338,6 +339,22 @@ class OneHotEncoder(nn.Module):
         return torch.nn.functional.one_hot(index.long(), self.n).float()
 
 
+class TextEncoder(nn.Module):
+    """A text entry's words (:class:`~impala_rl.envs.spaces.TextTokens`: two hashed ids a
+    word, ``[*batch, W, 2]``) as ``[*batch, W * embed_dim]``: each word the sum of its ids'
+    embeddings, kept in its place (zeros after the last word), so that a layer above can tell
+    "put the red ball near the blue key" from the blue ball near the red key."""
+
+    def __init__(self, space: TextTokens, embed_dim: int = 8):
+        super().__init__()
+        words, buckets = int(space.nvec.shape[0]), int(space.nvec.max())
+        self.embed = nn.Embedding(buckets, embed_dim, padding_idx=0)
+        self.out_features = words * int(embed_dim)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.embed(ids.long()).sum(-2).flatten(-2)
+
+
 IMAGE_ENCODERS = ("nature_cnn", "impala_resnet", "minatar_cnn")
 NATURE_CNN_MIN_SIDE = 36  # 8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave >= 1 pixel
 MINATAR_CNN_MIN_SIDE = 3  # its one 3x3 convolution, stride 1
@@ -383,7 +400,8 @@ class DictEncoder(nn.Module):
     side, the MinAtar CNN below; one under 3 pixels a side is a vector), a one-hot for a
     ``Discrete`` entry, and for the vectors one MLP over all of them concatenated
     (``vectors="joint"``) or an MLP each (``"per_entry"``, as runs of an earlier version were
-    built).
+    built). A text entry's words are embedded (:class:`TextEncoder`) and read as a vector:
+    in the joint MLP, so that its features combine the text with the other vectors.
 
     Takes ``{entry: [*batch, *o_entry]}`` and returns ``[*batch, out_features]``."""
 
@@ -398,9 +416,16 @@ class DictEncoder(nn.Module):
         super().__init__()
         encoders: dict[str, nn.Module] = {}
         joint: dict[str, tuple[int, ...]] = {}
+        texts: dict[str, TextEncoder] = {}
         for name, sub in space.spaces.items():
             shape = tuple(sub.shape)
-            if isinstance(sub, gymnasium.spaces.Discrete):
+            if isinstance(sub, TextTokens):
+                texts[name] = TextEncoder(sub)
+                if vectors == "joint":
+                    joint[name] = (texts[name].out_features,)
+                else:
+                    encoders[name] = texts.pop(name)
+            elif isinstance(sub, gymnasium.spaces.Discrete):
                 encoders[name] = OneHotEncoder(int(sub.n))
             elif is_image(sub) and kind in IMAGE_ENCODERS:
                 encoders[name] = make_encoder(kind, shape)
@@ -416,6 +441,8 @@ class DictEncoder(nn.Module):
         self._own = list(encoders)
         self.entries = nn.ModuleList(encoders.values())
         self._joint = joint
+        self._texts = list(texts)  # joint entries read through their embedding first
+        self.texts = nn.ModuleList(texts.values())
         width = sum(int(np.prod(s, dtype=np.int64)) for s in joint.values())
         self.vectors = MLPEncoder((width,), hidden_sizes, activation) if joint else None
         self.out_features = sum(int(e.out_features) for e in encoders.values())
@@ -447,6 +474,9 @@ class DictEncoder(nn.Module):
             flat = []
             for name, shape in self._joint.items():
                 x = obs[name]
+                if name in self._texts:
+                    flat.append(self.texts[self._texts.index(name)](x).to(torch.float32))
+                    continue
                 flat.append(x.reshape(*x.shape[: x.ndim - len(shape)], -1).to(torch.float32))
             parts.append(self.vectors(torch.cat(flat, dim=-1)))
         return torch.cat([p.to(parts[0].dtype) for p in parts], dim=-1)

@@ -20,6 +20,7 @@ def _model_kwargs(model_cfg: ModelConfig) -> dict[str, Any]:
         "shared_torso": model_cfg.shared_torso,
         "encoder": model_cfg.encoder,
         "dict_vectors": model_cfg.dict_vectors,
+        "read_text": model_cfg.read_text,
         "core": model_cfg.core,
         "lstm_hidden_size": model_cfg.lstm_hidden_size,
         "use_last_action_reward": model_cfg.use_last_action_reward,

@@ -9,8 +9,9 @@ MiniGrid baselines do with one-hot codes, then runs a small CNN over the cells.
 It follows the user-encoder protocol (``model.encoder=impala_rl.nn.grid:GridEncoder``, its
 options in ``model.encoder_kwargs``): built from the observation space, ``out_features``
 declared, one batch dimension. It reads a ``Dict`` observation (the model presents an image
-entry channels first, ``[C, H, W]``; a ``Discrete`` entry as its index, one-hot here; any other
-entry flattened) or a lone ``uint8`` image ``Box``.
+entry channels first, ``[C, H, W]``; a ``Discrete`` entry as its index, one-hot here; a text
+entry such as the mission as its words, embedded by position; any other entry flattened) or a
+lone ``uint8`` image ``Box``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from impala_rl.nn.encoders import is_image
+from impala_rl.envs.spaces import TextTokens
+from impala_rl.nn.encoders import TextEncoder, is_image
 
 __all__ = ["GridEncoder"]
 
@@ -85,12 +87,18 @@ class GridEncoder(nn.Module):
             self.cnn = nn.Flatten()
         width = (channels or c * embed_dim) * h * w
         self.discrete: dict[str, int] = {}
+        texts: dict[str, TextEncoder] = {}  # a text entry's words (a mission), by position
         for name, sub in self.others.items():
-            if isinstance(sub, gymnasium.spaces.Discrete):
+            if isinstance(sub, TextTokens):
+                texts[name] = TextEncoder(sub)
+                width += texts[name].out_features
+            elif isinstance(sub, gymnasium.spaces.Discrete):
                 self.discrete[name] = int(sub.n)
                 width += int(sub.n)
             else:
                 width += int(np.prod(sub.shape))
+        self._texts = list(texts)  # a list: a module's children cannot have every name
+        self.texts = nn.ModuleList(texts.values())
         self.head = nn.Sequential(nn.Linear(width, out_features), nn.ReLU())
         self.out_features = int(out_features)
 
@@ -105,6 +113,8 @@ class GridEncoder(nn.Module):
             value = obs[name]
             if name in self.discrete:
                 parts.append(nn.functional.one_hot(value.long(), self.discrete[name]).float())
+            elif name in self._texts:
+                parts.append(self.texts[self._texts.index(name)](value).float())
             else:
                 parts.append(value.float().reshape(n, -1))
         return self.head(torch.cat(parts, dim=-1))
