@@ -17,7 +17,8 @@ wrapped so the model sees one ``Box`` observation: image-like ``uint8`` boxes pa
 unchanged (they stay ``uint8`` up to the network), everything else (Tuple, Discrete,
 MultiDiscrete, MultiBinary, multi-dimensional Box) is flattened to a float32 vector. A Dict
 observation keeps its structure, an entry each (:func:`~impala_rl.envs.spaces.dict_model_space`;
-``Text`` entries are left out, with one line that says so).
+a ``Text`` entry becomes its words; an entry that is neither numbers nor text is left out, with
+one line that says so).
 """
 
 from __future__ import annotations
