@@ -7,7 +7,7 @@ import pytest
 
 import impala_rl
 from impala_rl import sizing
-from impala_rl.config import load_config, planned_optimizer_steps, steps_per_batch
+from impala_rl.config import ConfigError, load_config, planned_optimizer_steps, steps_per_batch
 from impala_rl.env_defaults import resolve_config
 from impala_rl.policy import load_run_config
 from impala_rl.sizing import Machine, size_to_machine
@@ -151,6 +151,28 @@ def test_an_override_always_wins(monkeypatch):
     assert cfg.runner.learner_threads == 4  # the cores the 12 actors leave
     off = resolve_config("pong_appo", ["runner.size_to_machine=false"])
     assert off.runner.sized_for is None and off.algorithm.num_actors == 1
+
+
+@pytest.mark.parametrize(
+    "override", ["runner.env_splits=4", "runner.inference_servers=3", "env.id=ALE/Pong-v5"]
+)
+def test_settings_that_need_central_inference_wait_for_the_sizing_that_makes_it(
+    monkeypatch, override
+):
+    """On a GPU box the sizing makes inference central, so env groups or servers given alone
+    are valid there (checked on the sized config); on 2 cores, which keep actor-side
+    inference, the same override is refused, naming its field."""
+    given = [override] if override.startswith("runner") else [override, "runner.env_splits=4"]
+    field = given[-1].split("=")[0]
+    monkeypatch.setattr(sizing, "detect_machine", lambda: GPU_BOX)
+    cfg = resolve_config(None if override.startswith("env") else "pong_appo", given)
+    assert cfg.runner.inference == "central"
+    assert f"{field}={getattr(cfg.runner, field.split('.')[1])}" == given[-1]
+    monkeypatch.setattr(sizing, "detect_machine", lambda: Machine(2))
+    with pytest.raises(ConfigError, match=rf"{field}.*runner\.inference=actor"):
+        resolve_config(None if override.startswith("env") else "pong_appo", given)
+    with pytest.raises(ConfigError, match=rf"{field}.*runner\.inference=actor"):
+        resolve_config("pong_appo", [*given[-1:], "runner.size_to_machine=false"])
 
 
 def test_a_preset_that_does_not_ask_is_not_sized(monkeypatch):

@@ -402,7 +402,9 @@ class RunnerConfig:
     cores, the learner and central inference on a GPU, the batch to match, and minibatches and
     epoch that keep the preset's optimizer steps and env steps per epoch (minibatches no more
     than ``max_policy_lag`` allows) and its weight broadcasts per batch; settings given as
-    overrides stay; precision is never sized. 2 cores: the preset as written."""
+    overrides stay; precision is never sized. 2 cores: the preset as written. The rules
+    between fields are checked on the sized config: ``runner.env_splits=4`` alone is valid on
+    a GPU box, whose sizing makes inference central."""
     sized_for: str | None = None
     """The machine a sized run was sized for (set at start-up; a resume keeps the sizes)."""
     start_method: str = "forkserver"
@@ -594,14 +596,22 @@ def load_config(
     preset: str | Path | None = None,
     overrides: list[str] | None = None,
     base: dict | DictConfig | None = None,
+    sizing_follows: bool = False,
 ) -> RunConfig:
     """Build a validated :class:`RunConfig` from a preset name or YAML path plus overrides.
 
     ``overrides`` are ``section.key=value`` strings (OmegaConf dotlist syntax, values parsed as
     YAML). ``base`` (a dict, e.g. a saved resolved config) replaces the preset.
+    ``sizing_follows``: the caller sizes the config next (``impala_rl.sizing``), which
+    validates it whole; a config it will size gets each field's own rule here, and the rules
+    between fields on the sized values (``runner.env_splits=2`` on a GPU box, where the
+    sizing makes inference central).
     """
     cfg = merge_config(preset, overrides, base)
-    validate(cfg)
+    if sizing_follows and cfg.runner.size_to_machine and cfg.runner.sized_for is None:
+        check_rules(cfg)
+    else:
+        validate(cfg)
     _warn_inert(cfg, _given_keys(preset, overrides, base))
     return cfg
 

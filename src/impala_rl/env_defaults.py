@@ -243,14 +243,15 @@ def _is_vector(space: Any) -> bool:
     return isinstance(space, gym.spaces.Box) and space.dtype == np.float32
 
 
-def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
+def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[RunConfig, str]:
     """The config for ``overrides`` (which set ``env.id``) on the preset of the env's family or
     the ``any_env`` preset fitted to its spaces, and the console line saying what was chosen.
     Builds the env once to read its spaces.
 
     Only the ``env`` section is checked before the probe; the rest is validated once, on the
     config that runs (the preset chosen here may supply what an override needs, e.g. the
-    ``max_env_steps`` a linear schedule decays over)."""
+    ``max_env_steps`` a linear schedule decays over; with ``sizing_follows``, a preset that
+    is sized gets the rules between fields on its sized values: :func:`load_config`)."""
     probe_cfg = merge_config(overrides=overrides)
     check_rules(probe_cfg, "env")
     env_cfg = probe_cfg.env
@@ -303,7 +304,7 @@ def env_defaults(overrides: list[str]) -> tuple[RunConfig, str]:
     if preset in SHORT_BUDGET_PRESETS and budget is not None and budget <= SHORT_BUDGET:
         preset = SHORT_BUDGET_PRESETS[preset]
         note = f"; a budget of {budget:,} env steps <= {SHORT_BUDGET:,}: sample reuse"
-    cfg = load_config(preset, [*derived, *overrides])
+    cfg = load_config(preset, [*derived, *overrides], sizing_follows=sizing_follows)
     if env_cfg.id.startswith("ALE/"):  # the game is env.id; sticky actions are the id's own
         for key in ("game", "repeat_action_probability"):
             if not _overridden(overrides, f"env.kwargs.{key}"):
@@ -373,12 +374,12 @@ def resolve_config(preset: Any, overrides: list[str] | None = None) -> RunConfig
     ``cartpole`` preset. Sized to the machine where it asks to be (:mod:`impala_rl.sizing`)."""
     overrides = list(overrides or [])
     if preset is not None:
-        cfg = load_config(preset, overrides)
+        cfg = load_config(preset, overrides, sizing_follows=True)
     elif not _overridden(overrides, "env.id"):
         log.info("no preset and no env.id: the %s preset", DEFAULT_PRESET)
-        cfg = load_config(DEFAULT_PRESET, overrides)
+        cfg = load_config(DEFAULT_PRESET, overrides, sizing_follows=True)
     else:
-        cfg, line = env_defaults(overrides)
+        cfg, line = env_defaults(overrides, sizing_follows=True)
         log.info("%s", line)
     given = user_file_keys(preset) if preset is not None else set()
     return size_to_machine(cfg, overrides, given=given)
