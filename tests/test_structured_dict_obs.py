@@ -80,7 +80,7 @@ def test_slots_keep_each_entry_and_the_learner_recomputes_the_actors_log_probs(o
         keys = slot["step_key"]
         assert set(keys.flatten().tolist()) == {0, 1}
         assert slot["obs_0.mission"].dtype == torch.int16
-        go = torch.as_tensor(text_tokens("go"))
+        go = torch.as_tensor(text_tokens("go").copy())
         assert (slot["obs_0.mission"][keys == 0] == go).all()  # key 0's mission, as words
         # the rows a key decides hold that key's observation: direction index 0..3, mode 0..2
         assert slot["obs_0.direction"][keys == 0].max() <= 3
