@@ -180,8 +180,9 @@ def dict_model_space(space: spaces.Dict) -> tuple[spaces.Dict, list[str]]:
 
     An image entry stays a ``uint8`` image (as ``[C, H, W]``: :func:`image_layout`), a
     ``Discrete`` entry is its index (``Discrete(n)`` from 0), a text entry its words
-    (:class:`TextTokens`), any other entry a float32 vector (flattened); entries that are none
-    of these (a ``Graph``, a ``Sequence``) are left out.
+    (:class:`TextTokens`), any other entry a float32 vector (flattened); an entry of a space
+    that neither flattens to numbers nor samples strings (an env's own opaque space) is left
+    out.
     """
     kept: dict[str, spaces.Space] = {}
     dropped: list[str] = []
