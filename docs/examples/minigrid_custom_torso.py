@@ -4,9 +4,10 @@
     python docs/examples/minigrid_custom_torso.py --steps 100000 --run-dir runs/doorkey
 
 MiniGrid's observation is a Dict: ``image`` (7x7 cells x (object, colour, state) codes, uint8),
-``direction`` (Discrete(4)) and ``mission`` (Text, which the model does not read). The run
-keeps that structure: the model receives ``{"image": uint8 [N, 3, 7, 7] (channels first),
-"direction": int64 [N]}``, and :class:`OneHotTorso` below is the whole encoder. It follows the
+``direction`` (Discrete(4)) and ``mission`` (a sentence, constant in DoorKey). The run keeps
+that structure: the model receives ``{"image": uint8 [N, 3, 7, 7] (channels first),
+"direction": int64 [N], "mission": int16 [N, 32, 2]}`` (the mission's words as hashed ids,
+which this torso leaves alone), and :class:`OneHotTorso` below is the whole encoder. It follows the
 protocol of ``model.encoder=package.module:Class``:
 
 - built as ``Class(observation_space, **model.encoder_kwargs)``,
