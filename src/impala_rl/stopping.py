@@ -23,7 +23,7 @@ from contextlib import suppress
 from typing import Any, NoReturn
 
 from impala_rl.actors import DistributedActors
-from impala_rl.actors.subprocess import stop_helper_processes
+from impala_rl.actors.subprocess import stop_helper_processes_quietly
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +129,6 @@ def _live_children() -> list[Any]:
     return []
 
 
-def _stop_helper_processes() -> None:
-    with suppress(Exception):  # a further learner shares the leader's tracker: not its to stop
-        stop_helper_processes()
-
-
 def end_process(
     code: int, actors: DistributedActors, saving: threading.Lock | None = None
 ) -> NoReturn:
@@ -162,7 +157,7 @@ def end_process(
                 child.join(max(0.0, deadline - time.monotonic()))
     # The resource tracker exits once every holder of its pipe has: a process killed above
     # may have left one behind, so its stop is not waited for long.
-    helpers = threading.Thread(target=_stop_helper_processes, daemon=True)
+    helpers = threading.Thread(target=stop_helper_processes_quietly, daemon=True)
     helpers.start()
     helpers.join(CHILDREN_GRACE_S)
     for stream in (sys.stdout, sys.stderr):

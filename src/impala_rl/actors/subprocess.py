@@ -80,15 +80,17 @@ def start_forkserver() -> None:
     # leaves it a no-op.
     global _helpers_stopped_at_exit
     if not _helpers_stopped_at_exit:
-        mp_util.Finalize(None, _stop_helpers_quietly, exitpriority=-100)
+        mp_util.Finalize(None, stop_helper_processes_quietly, exitpriority=-100)
         _helpers_stopped_at_exit = True
 
 
 _helpers_stopped_at_exit = False
 
 
-def _stop_helpers_quietly() -> None:
-    with suppress(Exception):  # at interpreter exit: nothing left to report it to
+def stop_helper_processes_quietly() -> None:
+    """:func:`stop_helper_processes` where a failure has nobody to go to (at interpreter exit;
+    a further learner, which shares the leader's tracker: not its to stop)."""
+    with suppress(Exception):
         stop_helper_processes()
 
 
