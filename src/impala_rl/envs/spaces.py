@@ -109,6 +109,8 @@ def is_text(space: spaces.Space) -> bool:
     strings (MiniGrid's ``MissionSpace``)."""
     if isinstance(space, spaces.Text):
         return True
+    if space.dtype is not None and np.dtype(space.dtype).kind in "US":
+        return True  # MissionSpace declares str: no sample needed (Policy.act asks each call)
     if type(space).__module__.startswith("gymnasium."):
         return False  # Gymnasium's own spaces are numbers or containers, Text aside
     try:
@@ -167,9 +169,7 @@ def model_observation_space(space: spaces.Space) -> spaces.Box:
 
 
 def _entry_space(space: spaces.Space) -> spaces.Space:
-    """The model's view of one Dict entry (see :func:`dict_model_space`)."""
-    if is_text(space):
-        return TextTokens()
+    """The model's view of one Dict entry that is not text (see :func:`dict_model_space`)."""
     if isinstance(space, spaces.Discrete):
         return spaces.Discrete(int(space.n))
     return model_observation_space(space)
@@ -187,9 +187,11 @@ def dict_model_space(space: spaces.Dict) -> tuple[spaces.Dict, list[str]]:
     kept: dict[str, spaces.Space] = {}
     dropped: list[str] = []
     for name, sub in space.spaces.items():
+        if is_text(sub):  # before flattening: Gymnasium flattens Text to character indices
+            kept[str(name)] = TextTokens()
+            continue
         try:
-            if not is_text(sub):  # Gymnasium flattens Text to character indices
-                spaces.flatten_space(sub)
+            spaces.flatten_space(sub)
         except NotImplementedError:
             dropped.append(f"{name!r} ({type(sub).__name__})")
             continue

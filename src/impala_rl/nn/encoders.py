@@ -416,15 +416,14 @@ class DictEncoder(nn.Module):
         super().__init__()
         encoders: dict[str, nn.Module] = {}
         joint: dict[str, tuple[int, ...]] = {}
-        texts: dict[str, TextEncoder] = {}
+        texts: dict[str, TextEncoder] = {}  # joint entries read through their embedding
         for name, sub in space.spaces.items():
             shape = tuple(sub.shape)
-            if isinstance(sub, TextTokens):
+            if isinstance(sub, TextTokens) and vectors == "joint":
                 texts[name] = TextEncoder(sub)
-                if vectors == "joint":
-                    joint[name] = (texts[name].out_features,)
-                else:
-                    encoders[name] = texts.pop(name)
+                joint[name] = (texts[name].out_features,)
+            elif isinstance(sub, TextTokens):
+                encoders[name] = TextEncoder(sub)
             elif isinstance(sub, gymnasium.spaces.Discrete):
                 encoders[name] = OneHotEncoder(int(sub.n))
             elif is_image(sub) and kind in IMAGE_ENCODERS:
@@ -441,7 +440,7 @@ class DictEncoder(nn.Module):
         self._own = list(encoders)
         self.entries = nn.ModuleList(encoders.values())
         self._joint = joint
-        self._texts = list(texts)  # joint entries read through their embedding first
+        self._texts = {name: i for i, name in enumerate(texts)}  # entry -> its module's index
         self.texts = nn.ModuleList(texts.values())
         width = sum(int(np.prod(s, dtype=np.int64)) for s in joint.values())
         self.vectors = MLPEncoder((width,), hidden_sizes, activation) if joint else None
@@ -475,7 +474,7 @@ class DictEncoder(nn.Module):
             for name, shape in self._joint.items():
                 x = obs[name]
                 if name in self._texts:
-                    flat.append(self.texts[self._texts.index(name)](x).to(torch.float32))
+                    flat.append(self.texts[self._texts[name]](x).to(torch.float32))
                     continue
                 flat.append(x.reshape(*x.shape[: x.ndim - len(shape)], -1).to(torch.float32))
             parts.append(self.vectors(torch.cat(flat, dim=-1)))

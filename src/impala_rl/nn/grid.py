@@ -97,7 +97,8 @@ class GridEncoder(nn.Module):
                 width += int(sub.n)
             else:
                 width += int(np.prod(sub.shape))
-        self._texts = list(texts)  # a list: a module's children cannot have every name
+        # indices into a list: a module's children cannot have every name
+        self._texts = {name: i for i, name in enumerate(texts)}
         self.texts = nn.ModuleList(texts.values())
         self.head = nn.Sequential(nn.Linear(width, out_features), nn.ReLU())
         self.out_features = int(out_features)
@@ -114,7 +115,7 @@ class GridEncoder(nn.Module):
             if name in self.discrete:
                 parts.append(nn.functional.one_hot(value.long(), self.discrete[name]).float())
             elif name in self._texts:
-                parts.append(self.texts[self._texts.index(name)](value).float())
+                parts.append(self.texts[self._texts[name]](value).float())
             else:
                 parts.append(value.float().reshape(n, -1))
         return self.head(torch.cat(parts, dim=-1))
