@@ -173,3 +173,33 @@ def test_a_compile_that_fails_falls_back_to_the_eager_update_and_says_why(monkey
         eager.model.state_dict().items(), fallback.model.state_dict().values(), strict=True
     ):
         assert torch.equal(x, y), name
+
+
+def test_an_encoder_that_breaks_the_graph_trains_eagerly_and_says_so(caplog):
+    """A user's torso that reads a number to the host cannot be one program; compiled anyway,
+    its backward ran outside the traced program and no weight moved. The compile now fails
+    at the first update and the learner steps eagerly: the eager learner's weights."""
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(encoder="user_nets:HostReadTorso"),
+        gym.spaces.Box(-5, 5, (3,)),
+        gym.spaces.Discrete(2),
+    )
+    cfg = ImpalaAlgorithmConfig(lr=1e-3, optimizer="adam")
+    eager = Learner(copy.deepcopy(model), cfg, capture=False)
+    compiled = Learner(copy.deepcopy(model), dataclasses.replace(cfg, compile_update=True))
+    torch.manual_seed(1)
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            batch = vector_batch(8, 4)
+            sa = eager.update(batch)
+            sb = compiled.update(copy.deepcopy(batch))
+            assert sb.grad_norm == pytest.approx(sa.grad_norm, rel=1e-6) and sb.grad_norm > 0
+    assert compiled.compiled is False
+    assert "could not be compiled" in caplog.text and "runs eagerly" in caplog.text
+    for (name, x), y in zip(
+        eager.model.state_dict().items(), compiled.model.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(x, y, msg=name)
+    assert not torch.equal(next(iter(compiled.model.parameters())), next(iter(model.parameters())))
+

@@ -972,7 +972,12 @@ class Learner:
             refusal = compile_refusal(self.model, self.device, self.group)
             self.compiled = refusal is None
             if self.compiled:
-                self._compiled = torch.compile(self._compute_captured, dynamic=False)
+                # fullgraph: a graph break (a host read in a user's encoder) would run the
+                # backward outside the traced program and leave no gradients; it fails the
+                # compile instead, and the update runs eagerly (_run_compiled says so)
+                self._compiled = torch.compile(
+                    self._compute_captured, dynamic=False, fullgraph=True
+                )
             elif self.cfg.compile_update:  # asked for by name: say why it runs eagerly
                 log.warning("algorithm.compile_update: the update runs eagerly: %s", refusal)
         return self._compiled
