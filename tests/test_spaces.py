@@ -53,7 +53,8 @@ class SpaceEnv(gym.Env):
     def step(self, action):
         if not self.action_space.contains(action):
             raise ValueError(f"action {action!r} is not in {self.action_space}")
-        self.actions.append(np.array(action, copy=True))
+        composite = isinstance(action, (tuple, dict))
+        self.actions.append(action if composite else np.array(action, copy=True))
         self.t += 1
         reward = float(self.t)
         terminated = self.t >= self.length
@@ -196,3 +197,29 @@ def test_evaluate_returns_one_return_per_episode():
         assert result.mean_return == 10.0
     result = evaluate(model, factory, n_episodes=2, max_episode_steps=2)
     assert result.returns == [3.0, 3.0] and result.lengths == [2, 2]
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        spaces.Tuple((spaces.Discrete(3, start=1), spaces.Box(-1.0, 1.0, (2,), np.float32))),
+        spaces.Dict({"keys": spaces.MultiBinary(2), "dial": spaces.MultiDiscrete([2, 5])}),
+    ],
+    ids=["tuple", "dict"],
+)
+def test_tuple_and_dict_action_spaces(space):
+    """The rollout stores a composite action as one float32 row of its parts' columns; the
+    env gets one tuple or dict per step, inside its space (SpaceEnv checks)."""
+    _, all_stats, batches = run(BOX_OBS, space)
+    check_stats(all_stats)
+    actions = env_actions()
+    assert len(actions) == 2 * 2 * T * N
+    assert batches[0]["action"].dtype == torch.float32
+    assert batches[0]["action"].shape == (T + 1, 2 * N, 3 if "Tuple" in str(space) else 4)
+    leaves = [a.item() if a.ndim == 0 else tuple(a.tolist()) for a in _first_leaves(actions)]
+    assert len(set(leaves)) > 1  # sampled, not one fixed action
+
+
+def _first_leaves(actions: list) -> list[np.ndarray]:
+    """The first part of each recorded action (a tuple's first entry, a dict's first key)."""
+    return [np.asarray(a[0] if isinstance(a, tuple) else a[sorted(a)[0]]) for a in actions]

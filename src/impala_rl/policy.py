@@ -117,7 +117,8 @@ class Policy:
         agent_id: int = 0,
     ) -> Any:
         """Action for one observation, or for a batch ``[N, ...]`` of them, as the env returns
-        them or in the model's form; returned in the env's action format. ``last_reward`` (a
+        them or in the model's form; returned in the env's action format (for a batch of a
+        Tuple or Dict action space, a list of tuples or dicts). ``last_reward`` (a
         number or ``[N]``) is the reward since the agent's previous decision, for models that
         read it. ``step_key`` and ``agent_id``: who acts (structured envs; one observation, its
         ``action_mask`` respected)."""

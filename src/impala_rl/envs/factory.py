@@ -262,12 +262,15 @@ class EnvFactory:
             return None
         one = copy.copy(self)
         one.vector = "python"
-        return gym.vector.AsyncVectorEnv(
+        envs = gym.vector.AsyncVectorEnv(
             [one] * num_envs,
             copy=False,
             context="forkserver",
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
         )
+        if isinstance(envs.single_action_space, (gym.spaces.Tuple, gym.spaces.Dict)):
+            return NativeVectorEnv(envs, model_form=True)  # actions batched from the rows'
+        return envs
 
     def resolve_vector(
         self, num_envs: int, rate: Callable[[EnvFactory, float], float] | None = None
@@ -322,7 +325,9 @@ def steps_per_second(factory: Callable[[], gym.Env], num_envs: int, seconds: flo
         envs.reset(seed=0)
         space = envs.single_action_space
         space.seed(0)
-        actions = np.stack([np.stack([space.sample() for _ in range(num_envs)]) for _ in range(64)])
+        rows = [[space.sample() for _ in range(num_envs)] for _ in range(64)]
+        composite = isinstance(space, (gym.spaces.Tuple, gym.spaces.Dict))
+        actions = rows if composite else [np.stack(row) for row in rows]
         envs.step(actions[0])  # first-step costs out of the timing
         steps, start = 0, time.perf_counter()
         while (elapsed := time.perf_counter() - start) < seconds:

@@ -19,6 +19,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import concatenate, create_empty_array
 
 from impala_rl.envs.spaces import EnvError, ObservationConverter
 
@@ -108,26 +109,34 @@ class NativeVectorEnv:
     reset on the same step, the reset step would be recorded as a decision. Here an env whose
     episode ended is reset at once (``reset(options={"reset_mask": ended})``), its final
     observation kept in ``info["final_obs"]``. Observations that the model takes in another
-    form (a channels-last image, a Dict's entries) are converted row by row.
+    form (a channels-last image, a Dict's entries) are converted row by row, unless
+    ``model_form`` says the envs already give that form (the factory's own envs in processes).
+    A ``Tuple`` or ``Dict`` action comes from the actor loop as one per row and goes to the
+    vector env batched, as Gymnasium's vector envs take it.
     """
 
-    def __init__(self, envs: Any):
+    def __init__(self, envs: Any, model_form: bool = False):
         self.envs = envs
         self.num_envs = envs.num_envs
         self.reset_here = _resets_later(envs)
         self._convert = ObservationConverter(envs.single_observation_space)
-        self.single_observation_space = self._convert.space
+        self._same_form = model_form or self._convert.identity
+        self.single_observation_space = (
+            envs.single_observation_space if model_form else self._convert.space
+        )
         self.single_action_space = envs.single_action_space
+        self._actions_by_row = _composite(envs.single_action_space)
 
     @staticmethod
     def needed(envs: Any) -> bool:
-        """Whether ``envs`` resets on another step than the one that ends an episode, or
-        observes in another form than the model's."""
+        """Whether ``envs`` resets on another step than the one that ends an episode,
+        observes in another form than the model's, or takes a Tuple or Dict action (the actor
+        loop gives one per row)."""
         identity = ObservationConverter(envs.single_observation_space).identity
-        return _resets_later(envs) or not identity
+        return _resets_later(envs) or not identity or _composite(envs.single_action_space)
 
     def _model_form(self, obs: Any) -> Any:
-        if self._convert.identity:
+        if self._same_form:
             return obs
         rows = [self._convert(_row(obs, i)) for i in range(self.num_envs)]
         if isinstance(rows[0], dict):
@@ -139,15 +148,19 @@ class NativeVectorEnv:
         return self._model_form(obs), info
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        if self._actions_by_row:  # one tuple or dict per env: the vector env's batched form
+            space = self.single_action_space
+            actions = concatenate(space, actions, create_empty_array(space, self.num_envs))
         obs, rewards, terminated, truncated, info = self.envs.step(actions)
         ended = np.logical_or(terminated, truncated)
         if self.reset_here and ended.any():
             final = np.empty(self.num_envs, dtype=object)
             for i in np.flatnonzero(ended):
-                final[i] = self._convert(_row(obs, int(i), copy=True))
+                row = _row(obs, int(i), copy=True)
+                final[i] = row if self._same_form else self._convert(row)
             obs, _ = self.envs.reset(options={"reset_mask": ended})
             info = {**info, "final_obs": final, "_final_obs": ended}
-        elif "final_obs" in info and not self._convert.identity:
+        elif "final_obs" in info and not self._same_form:
             final = np.empty(self.num_envs, dtype=object)
             for i in np.flatnonzero(info["_final_obs"]):
                 final[i] = self._convert(info["final_obs"][i])
@@ -156,6 +169,10 @@ class NativeVectorEnv:
 
     def close(self) -> None:
         self.envs.close()
+
+
+def _composite(space: gym.Space) -> bool:
+    return isinstance(space, (gym.spaces.Tuple, gym.spaces.Dict))
 
 
 def _resets_later(envs: Any) -> bool:

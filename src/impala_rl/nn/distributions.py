@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -23,6 +24,8 @@ __all__ = [
     "BernoulliDistribution",
     "BoxHead",
     "CategoricalDistribution",
+    "CompositeDistribution",
+    "CompositeHead",
     "DiagGaussianDistribution",
     "DiscreteHead",
     "MultiBinaryHead",
@@ -31,7 +34,13 @@ __all__ = [
     "make_action_head",
 ]
 
-SUPPORTED_ACTION_SPACES: tuple[str, ...] = ("Discrete", "MultiDiscrete", "MultiBinary", "Box")
+SUPPORTED_ACTION_SPACES: tuple[str, ...] = (
+    "Discrete",
+    "MultiDiscrete",
+    "MultiBinary",
+    "Box",
+    "Tuple or Dict of these (nested too)",
+)
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -223,6 +232,48 @@ class DiagGaussianDistribution(ActionDistribution):
         return self.mean
 
 
+def split_actions(actions: Tensor, shapes: Sequence[tuple[int, ...]]) -> list[Tensor]:
+    """Each part's actions ``[*batch, *shape]`` of joined ``actions [*batch, W]``
+    (:class:`CompositeDistribution`)."""
+    widths = [math.prod(s) for s in shapes]  # not numpy's: a graph break when compiled
+    chunks = torch.split(actions, widths, dim=-1)
+    return [c.reshape(*actions.shape[:-1], *s) for c, s in zip(chunks, shapes, strict=True)]
+
+
+class CompositeDistribution(ActionDistribution):
+    """Independent parts, one per leaf of a ``Tuple`` or ``Dict`` action space; an action is
+    ``[*batch, W]`` float32: each part's action flattened to its columns, in order (a discrete
+    part's indices as floats, exact below 2**24). Log-probabilities and entropies add up."""
+
+    def __init__(self, parts: Sequence[ActionDistribution], shapes: Sequence[tuple[int, ...]]):
+        self.parts = list(parts)
+        self.shapes = [tuple(s) for s in shapes]
+        self.widths = [math.prod(s) for s in self.shapes]
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.parts[0].batch_shape
+
+    def _joined(self, actions: Sequence[Tensor]) -> Tensor:
+        batch = self.batch_shape
+        parts = [a.reshape(*batch, w).float() for a, w in zip(actions, self.widths, strict=True)]
+        return torch.cat(parts, dim=-1)
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        return self._joined([p.sample(generator) for p in self.parts])
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        split = split_actions(actions, self.shapes)
+        parts = [p.log_prob(a) for p, a in zip(self.parts, split, strict=True)]
+        return torch.stack(parts, dim=-1).sum(dim=-1)
+
+    def entropy(self) -> Tensor:
+        return torch.stack([p.entropy() for p in self.parts], dim=-1).sum(dim=-1)
+
+    def mode(self) -> Tensor:
+        return self._joined([p.mode() for p in self.parts])
+
+
 def _small_linear(in_features: int, out_features: int, gain: float = 0.01) -> nn.Linear:
     """Linear layer with orthogonal init (small gain) and zero bias, for policy outputs."""
     layer = nn.Linear(in_features, out_features)
@@ -345,6 +396,71 @@ class BoxHead(ActionHead):
         return arr.reshape(arr.shape[:-1] + self.space_shape)
 
 
+def _leaves(space: gymnasium.Space, path: str = "") -> list[tuple[str, gymnasium.Space]]:
+    """The non-container spaces of a (nested) ``Tuple`` or ``Dict`` space, in order, each
+    with its path (``[0]['force']``)."""
+    spaces = gymnasium.spaces
+    if isinstance(space, spaces.Tuple):
+        items: Any = enumerate(space.spaces)
+    elif isinstance(space, spaces.Dict):
+        items = space.spaces.items()
+    else:
+        return [(path, space)]
+    leaves = [leaf for key, sub in items for leaf in _leaves(sub, f"{path}[{key!r}]")]
+    return leaves or [(path, space)]  # an empty container stands for itself
+
+
+def _assemble(space: gymnasium.Space, values: Iterator[Any]) -> Any:
+    """One action of a (nested) ``Tuple`` or ``Dict`` space from its leaves' values, in order."""
+    if isinstance(space, gymnasium.spaces.Tuple):
+        return tuple(_assemble(sub, values) for sub in space.spaces)
+    if isinstance(space, gymnasium.spaces.Dict):
+        return {key: _assemble(sub, values) for key, sub in space.spaces.items()}
+    return next(values)
+
+
+class CompositeHead(ActionHead):
+    """Head for a ``Tuple`` or ``Dict`` action space (nested too) of the other spaces: one
+    head per leaf on the same features, the parts independent given them
+    (:class:`CompositeDistribution`). The env gets one tuple or dict per row, as the space's
+    ``sample()`` gives."""
+
+    def __init__(self, action_space: gymnasium.Space, in_features: int) -> None:
+        super().__init__(action_space)
+        heads = []
+        for path, leaf in _leaves(action_space):
+            if isinstance(leaf, (gymnasium.spaces.Tuple, gymnasium.spaces.Dict)):
+                where = f"an empty entry {path}" if path else "no entries"
+                raise ValueError(f"the action space {action_space!r} has {where}")
+            try:
+                heads.append(make_action_head(leaf, in_features))
+            except ValueError:
+                raise ValueError(
+                    f"the action space {action_space!r} has an entry {path} of {leaf!r}; "
+                    f"supported entries: {', '.join(SUPPORTED_ACTION_SPACES[:-1])}"
+                ) from None
+        self.heads = nn.ModuleList(heads)
+        self.shapes = [tuple(h.action_shape) for h in heads]
+        self.action_shape = (sum(math.prod(s) for s in self.shapes),)
+        self.action_dtype = torch.float32
+
+    def forward(self, features: Tensor) -> CompositeDistribution:
+        return CompositeDistribution([h(features) for h in self.heads], self.shapes)
+
+    def split(self, actions: Tensor) -> list[Tensor]:
+        """Each leaf's model actions, in its own dtype, from joined ``actions [*batch, W]``."""
+        parts = split_actions(actions, self.shapes)
+        return [a.to(h.action_dtype) for a, h in zip(parts, self.heads, strict=True)]
+
+    def to_env(self, actions: Tensor) -> list[Any]:  # type: ignore[override]
+        """A list of ``N`` actions (tuples or dicts) for model actions ``[N, W]``."""
+        parts = [h.to_env(a) for h, a in zip(self.heads, self.split(actions), strict=True)]
+        return [
+            _assemble(self.action_space, iter([p[i] for p in parts]))
+            for i in range(actions.shape[0])
+        ]
+
+
 def make_action_head(action_space: gymnasium.Space, in_features: int) -> ActionHead:
     """Build the :class:`ActionHead` matching ``action_space``.
 
@@ -360,6 +476,8 @@ def make_action_head(action_space: gymnasium.Space, in_features: int) -> ActionH
         return MultiBinaryHead(action_space, in_features)
     if isinstance(action_space, spaces.Box):
         return BoxHead(action_space, in_features)
+    if isinstance(action_space, (spaces.Tuple, spaces.Dict)):
+        return CompositeHead(action_space, in_features)
     raise ValueError(
         f"Unsupported action space {action_space!r}; supported action spaces are: "
         f"{', '.join(SUPPORTED_ACTION_SPACES)}"
@@ -372,6 +490,8 @@ def action_feature_size(space: gymnasium.Space) -> int:
         return int(space.n)
     if isinstance(space, gymnasium.spaces.MultiDiscrete):
         return int(np.asarray(space.nvec).sum())
+    if isinstance(space, (gymnasium.spaces.Tuple, gymnasium.spaces.Dict)):
+        return sum(action_feature_size(leaf) for _, leaf in _leaves(space))
     return int(np.prod(space.shape, dtype=np.int64))
 
 
@@ -385,4 +505,7 @@ def encode_actions(head: ActionHead, actions: Tensor) -> Tensor:
         return torch.cat(parts, dim=-1).float()
     if isinstance(head, (MultiBinaryHead, BoxHead)):
         return actions.float()
+    if isinstance(head, CompositeHead):
+        parts = [encode_actions(h, a) for h, a in zip(head.heads, head.split(actions), strict=True)]
+        return torch.cat(parts, dim=-1)
     raise ValueError(f"cannot encode actions of {type(head).__name__}")
