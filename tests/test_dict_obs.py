@@ -21,6 +21,7 @@ import impala_rl
 from impala_rl.actors import SequentialDistributedActors
 from impala_rl.config import ImpalaAlgorithmConfig, steps_per_batch
 from impala_rl.envs import EnvFactory, make_env_factory
+from impala_rl.envs import spaces as spaces_module
 from impala_rl.envs.spaces import (
     ModelObservation,
     TextTokens,
@@ -69,9 +70,21 @@ def test_a_text_is_its_words_in_order_two_ids_each():
     firsts = {text_tokens(w)[0, 0] for w in words}
     both = {tuple(text_tokens(w)[0]) for w in words}
     assert len(firsts) < 300 and len(both) == 300  # one id is shared; the pair is not
-    long = text_tokens(" ".join(["a"] * 40))
-    assert (long > 0).all() and long.shape == (32, 2)  # the first 32 words
     assert not ids.flags.writeable  # cached: nobody may write into it
+
+
+def test_a_text_longer_than_the_model_reads_is_cut_with_one_warning(caplog, monkeypatch):
+    monkeypatch.setattr(spaces_module, "_cut_text_warned", False)
+    with caplog.at_level("WARNING"):
+        long = text_tokens(" ".join(["cut"] * 40))  # words no other test caches
+        text_tokens(" ".join(["cuts"] * 41))  # another long text: no second line
+        text_tokens("a short one")
+    assert (long > 0).all() and long.shape == (32, 2)  # the first 32 words
+    assert np.array_equal(long, text_tokens(" ".join(["cut"] * 32)))
+    lines = [r.getMessage() for r in caplog.records if "words" in r.getMessage()]
+    assert lines == [
+        "an observation's text has 40 words; the model reads its first 32 (the rest is cut)"
+    ]
 
 
 def test_a_space_that_samples_strings_is_text_and_one_that_is_neither_is_left_out():

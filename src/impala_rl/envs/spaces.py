@@ -124,11 +124,30 @@ def is_text(space: spaces.Space) -> bool:
         return False
 
 
+_cut_text_warned = False
+
+
+def _warn_cut_text(n_words: int) -> None:
+    """One warning a process: the model reads a text's first words only."""
+    global _cut_text_warned
+    if _cut_text_warned:
+        return
+    _cut_text_warned = True
+    logging.getLogger(__name__).warning(
+        "an observation's text has %d words; the model reads its first %d (the rest is cut)",
+        n_words,
+        TEXT_WORDS,
+    )
+
+
 @functools.lru_cache(maxsize=4096)
 def text_tokens(text: str) -> np.ndarray:
     """``text``'s :class:`TextTokens` (read-only; missions repeat, so they are cached)."""
     ids = np.zeros((TEXT_WORDS, 2), dtype=np.int16)
-    for i, word in enumerate(re.findall(r"[0-9a-z]+", text.lower())[:TEXT_WORDS]):
+    words = re.findall(r"[0-9a-z]+", text.lower())
+    if len(words) > TEXT_WORDS:
+        _warn_cut_text(len(words))
+    for i, word in enumerate(words[:TEXT_WORDS]):
         digest = hashlib.blake2b(word.encode(), digest_size=4).digest()
         for j in range(2):
             ids[i, j] = 1 + int.from_bytes(digest[2 * j : 2 * j + 2], "little") % (TEXT_BUCKETS - 1)
