@@ -194,3 +194,37 @@ def test_load_policy_acts_per_step_key_with_legal_moves(tmp_path):
             done = terminated or truncated
     with pytest.raises(ValueError, match=r"step_key=7 is not one of \[0\]"):
         policy.act(obs, step_key=7)
+
+
+def test_a_cooperative_game_of_continuous_moves_steps_and_trains(tmp_path):
+    """SISL's multiwalker: three walkers take turns (AEC), each move a Box of 4 torques. The
+    adapter passes a continuous move as the array it is (it took every move as an int), a
+    random opponent's too, and a short run trains on every walker's decisions."""
+    pytest.importorskip("Box2D")
+    env = make_aec_env("pettingzoo.sisl.multiwalker_v9")
+    assert env.n_agents == 3 and env.action_space.shape == (4,)
+    env.reset(seed=0)
+    seen = []
+    for _ in range(6):
+        seen.append(env.actor_id().agent_id)
+        _, reward, *_ = env.step(np.full(4, 0.5, np.float32))
+        assert reward.shape == (3,)
+    assert seen == [0, 1, 2, 0, 1, 2]
+    versus = make_aec_env("pettingzoo.sisl.multiwalker_v9", opponent="random")
+    versus.reset(seed=1)
+    _, reward, *_ = versus.step(np.zeros(4, np.float32))  # then two random walkers move
+    assert np.isfinite(reward)
+    summary = impala_rl.train(
+        "cartpole",
+        [
+            *FAST,
+            "target_return=null",
+            "env.id=impala_rl.envs.pettingzoo:make_aec_env",
+            "env.kwargs.env=pettingzoo.sisl.multiwalker_v9",
+            "max_env_steps=1500",
+            "algorithm.rollout_evaluator.n_episodes=1",
+        ],
+        run_dir=tmp_path / "run",
+    )
+    assert summary["stopped_because"] == "max_env_steps", summary
+    assert summary["env_steps"] >= 1500 and np.isfinite(summary["train_return_recent"] or 0.0)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+import gymnasium
 import numpy as np
 
 from impala_rl.envs.spaces import EnvError
@@ -78,6 +79,11 @@ class AECStructuredEnv(StructuredEnv):
                 f"env.kwargs.random_opponent_prob={random_opponent_prob!r}; valid: [0, 1]"
             )
         self.random_opponent_prob = float(random_opponent_prob)
+        # a Discrete move goes to the env as an int (a board game's check); any other as is
+        self._discrete = {
+            seat: isinstance(aec_env.action_space(seat), gymnasium.spaces.Discrete)
+            for seat in self.seats
+        }
         self.n_agents = 1 if opponent == "random" else n
         self._vs_random = opponent == "random"
         self._rng = np.random.default_rng()
@@ -110,13 +116,16 @@ class AECStructuredEnv(StructuredEnv):
         for agent, r in self._raw.rewards.items():
             rewards[self.seats.index(agent)] += float(r)
 
-    def _random_move(self) -> int:
+    def _random_move(self) -> Any:
         agent = self._raw.agent_selection
         obs = self.aec.observe(agent)
         mask = obs.get("action_mask") if isinstance(obs, dict) else None
         if mask is None:
-            return int(self.aec.action_space(agent).sample())
+            return self._move(agent, self.aec.action_space(agent).sample())
         return int(self._rng.choice(np.flatnonzero(mask)))
+
+    def _move(self, agent: str, action: Any) -> Any:
+        return int(action) if self._discrete[agent] else action
 
     def _play_opponents(self, rewards: np.ndarray) -> None:
         while not self._over() and self._seat() != self._learner_seat:
@@ -158,7 +167,7 @@ class AECStructuredEnv(StructuredEnv):
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict]:
         rewards = np.zeros(len(self.seats))
-        self._step_aec(int(action), rewards)
+        self._step_aec(self._move(self._raw.agent_selection, action), rewards)
         if self._vs_random:
             self._play_opponents(rewards)
         info: dict[str, Any] = {}
