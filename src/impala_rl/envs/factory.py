@@ -36,6 +36,7 @@ import numpy as np
 from impala_rl.envs.spaces import (
     EnvError,
     ModelObservation,
+    is_composite,
     keeps_structure,
     log_dropped_entries,
     model_observation_space,
@@ -268,7 +269,7 @@ class EnvFactory:
             context="forkserver",
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
         )
-        if isinstance(envs.single_action_space, (gym.spaces.Tuple, gym.spaces.Dict)):
+        if is_composite(envs.single_action_space):
             return NativeVectorEnv(envs, model_form=True)  # actions batched from the rows'
         return envs
 
@@ -326,8 +327,7 @@ def steps_per_second(factory: Callable[[], gym.Env], num_envs: int, seconds: flo
         space = envs.single_action_space
         space.seed(0)
         rows = [[space.sample() for _ in range(num_envs)] for _ in range(64)]
-        composite = isinstance(space, (gym.spaces.Tuple, gym.spaces.Dict))
-        actions = rows if composite else [np.stack(row) for row in rows]
+        actions = rows if is_composite(space) else [np.stack(row) for row in rows]
         envs.step(actions[0])  # first-step costs out of the timing
         steps, start = 0, time.perf_counter()
         while (elapsed := time.perf_counter() - start) < seconds:

@@ -223,6 +223,11 @@ def dict_model_space(space: spaces.Dict) -> tuple[spaces.Dict, list[str]]:
     return spaces.Dict(kept), dropped
 
 
+def is_composite(space: spaces.Space) -> bool:
+    """A ``Tuple`` or ``Dict`` space (an action of parts: one tuple or dict per env)."""
+    return isinstance(space, (spaces.Tuple, spaces.Dict))
+
+
 def keeps_structure(space: spaces.Space) -> bool:
     """Whether an observation space reaches the model as a ``Dict``."""
     return isinstance(space, spaces.Dict)

@@ -21,7 +21,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array
 
-from impala_rl.envs.spaces import EnvError, ObservationConverter
+from impala_rl.envs.spaces import EnvError, ObservationConverter, is_composite
 
 
 class SameStepVectorEnv:
@@ -125,7 +125,7 @@ class NativeVectorEnv:
             envs.single_observation_space if model_form else self._convert.space
         )
         self.single_action_space = envs.single_action_space
-        self._actions_by_row = _composite(envs.single_action_space)
+        self._actions_by_row = is_composite(envs.single_action_space)
 
     @staticmethod
     def needed(envs: Any) -> bool:
@@ -133,7 +133,7 @@ class NativeVectorEnv:
         observes in another form than the model's, or takes a Tuple or Dict action (the actor
         loop gives one per row)."""
         identity = ObservationConverter(envs.single_observation_space).identity
-        return _resets_later(envs) or not identity or _composite(envs.single_action_space)
+        return _resets_later(envs) or not identity or is_composite(envs.single_action_space)
 
     def _model_form(self, obs: Any) -> Any:
         if self._same_form:
@@ -169,10 +169,6 @@ class NativeVectorEnv:
 
     def close(self) -> None:
         self.envs.close()
-
-
-def _composite(space: gym.Space) -> bool:
-    return isinstance(space, (gym.spaces.Tuple, gym.spaces.Dict))
 
 
 def _resets_later(envs: Any) -> bool:
