@@ -268,6 +268,12 @@ class EnvConfig:
     envpool measures faster in whole training runs, not only raw stepping."""
     eval_kwargs: dict[str, Any] = field(default_factory=dict)
     """Entries that replace ``kwargs`` for the evaluation env (e.g. a fixed opponent)."""
+    action_mask: bool = True
+    """A plain env whose ``Dict`` observation has an ``action_mask`` entry (0/1 per action of
+    a ``Discrete``, or per value of each ``MultiDiscrete`` dimension, concatenated): the policy
+    picks legal actions only, as in a structured env (the env is its one-key case, the mask
+    not read as an input). ``false``: the entry is read as any other and nothing is masked
+    (runs saved before this setting)."""
 
 
 @dataclass
@@ -700,11 +706,16 @@ def config_from_dict(data: dict) -> RunConfig:
     """Rebuild a validated config from :func:`to_dict`'s output (e.g. a checkpoint).
 
     A config saved before a setting existed gets the behaviour it was trained with:
-    ``model.dict_vectors=per_entry``, ``model.read_text=false``."""
-    model = data.get("model")
-    earlier = {"dict_vectors": "per_entry", "read_text": False}
-    if isinstance(model, dict) and any(k not in model for k in earlier):
-        data = {**data, "model": {**{k: v for k, v in earlier.items() if k not in model}, **model}}
+    ``model.dict_vectors=per_entry``, ``model.read_text=false``, ``env.action_mask=false``."""
+    earlier = {
+        "model": {"dict_vectors": "per_entry", "read_text": False},
+        "env": {"action_mask": False},
+    }
+    for section, settings in earlier.items():
+        saved = data.get(section)
+        if isinstance(saved, dict) and any(k not in saved for k in settings):
+            missing = {k: v for k, v in settings.items() if k not in saved}
+            data = {**data, section: {**missing, **saved}}
     return load_config(base=data)
 
 

@@ -59,7 +59,7 @@ from impala_rl.config import (
     user_file_keys,
 )
 from impala_rl.envs import EnvFactory
-from impala_rl.envs.structured import KeyObservation, is_structured
+from impala_rl.envs.structured import KeyObservation, MaskedActionsEnv, is_structured
 from impala_rl.nn.encoders import IMAGE_ENCODERS, encoder_for, fitting_cnn, is_cnn_image, is_image
 from impala_rl.sizing import size_to_machine
 from impala_rl.startup import resolve_device
@@ -174,9 +174,6 @@ def _overridden(overrides: list[str], key: str) -> bool:
 def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
     """``("discrete actions, vector observations", model settings)`` for one built env (its
     observations as the model takes them: images ``[C, H, W]``)."""
-    if is_structured(env):
-        what = ", a CNN per image" if has_image(env) else ""
-        return f"a structured env (spaces per step key{what})", {}
     action = env.action_space
     if isinstance(action, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
         actions = "discrete actions"
@@ -184,6 +181,11 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
         actions = "continuous actions"
     else:
         actions = f"{type(action).__name__} actions"
+    if is_structured(env):
+        what = ", a CNN per image" if has_image(env) else ""
+        if isinstance(env, MaskedActionsEnv):
+            return f"{actions} masked by the observation's action_mask{what}", {}
+        return f"a structured env (spaces per step key{what})", {}
     obs = env.observation_space
     if isinstance(obs, gym.spaces.Dict):
         entries = obs.spaces.values()

@@ -43,8 +43,10 @@ from impala_rl.envs.spaces import (
 )
 from impala_rl.envs.structured import (
     KeyObservation,
+    MaskedActionsEnv,
     SingleKeyVectorEnv,
     StructuredVectorEnv,
+    has_action_mask,
     is_structured,
 )
 from impala_rl.envs.vector import NativeVectorEnv, SameStepVectorEnv
@@ -149,12 +151,14 @@ class EnvFactory:
         max_episode_steps: int | None = None,
         vector: str = "python",
         frame_stack: int = 1,
+        action_mask: bool = True,
     ):
         self.env_id = env_id
         self.kwargs = dict(kwargs or {})
         self.max_episode_steps = max_episode_steps
         self.vector = vector  # env.vector: auto | python | envpool
         self.frame_stack = int(frame_stack)
+        self.action_mask = bool(action_mask)  # a plain env's action_mask entry masks
         self.check_env = False  # Gymnasium's env checker: only on the probe, off the hot path
         self.structured: bool | None = None  # known once an env was built (travels pickled)
 
@@ -167,6 +171,7 @@ class EnvFactory:
             env_cfg.max_episode_steps,
             env_cfg.vector if vector is None else vector,
             env_cfg.frame_stack,
+            env_cfg.action_mask,
         )
 
     def __call__(self) -> gym.Env:
@@ -205,6 +210,14 @@ class EnvFactory:
             return env
         if self.max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env, self.max_episode_steps)
+        if self.action_mask and has_action_mask(env.observation_space):
+            if self.frame_stack > 1:
+                raise EnvError(
+                    f"env.frame_stack={self.frame_stack} stacks {self.env_id!r}'s action_mask "
+                    "with its observations; valid: 1, or env.action_mask=false"
+                )
+            self.structured = True  # one key: the structured vector env applies the mask
+            return MaskedActionsEnv(env)
         if self.frame_stack > 1:
             env = gym.wrappers.FrameStackObservation(env, self.frame_stack)
         space = env.observation_space
@@ -301,7 +314,12 @@ class EnvFactory:
         for _ in range(2):
             for name in rates:
                 candidate = EnvFactory(
-                    self.env_id, None, self.max_episode_steps, name, self.frame_stack
+                    self.env_id,
+                    None,
+                    self.max_episode_steps,
+                    name,
+                    self.frame_stack,
+                    self.action_mask,
                 )
                 rates[name] = max(rates[name], rate(candidate, AUTO_TIMING_S))
         self.vector = max(rates, key=rates.__getitem__)

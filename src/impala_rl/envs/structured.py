@@ -22,7 +22,8 @@ The protocol, in Gymnasium terms:
   whether the actor that made that step takes no more decisions in this episode (an agent
   eliminated while the others play on). It defaults to ``False``.
 - A ``Dict`` observation with an ``action_mask`` entry (``[n]`` of 0/1 for a ``Discrete(n)``
-  action space) restricts that sub-step's policy to the legal actions. The other entries reach
+  action space; for a ``MultiDiscrete`` one per value of each dimension, concatenated)
+  restricts that sub-step's policy to the legal actions. The other entries reach
   the network as a plain env's Dict does, an encoder each (one entry left: as that entry).
 
 A plain Gymnasium env is the case of one agent whose step key 0 decides at every step:
@@ -80,6 +81,45 @@ class StructuredEnv(gym.Env):
 def is_structured(env: Any) -> bool:
     """Whether ``env`` implements the structured-env protocol."""
     return isinstance(env, StructuredEnv)
+
+
+def mask_width(space: spaces.Space) -> int | None:
+    """How many entries an ``action_mask`` for ``space`` has: one per action of a
+    ``Discrete``, one per value of each ``MultiDiscrete`` dimension (concatenated); ``None``:
+    the space takes no mask."""
+    if isinstance(space, spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, spaces.MultiDiscrete):
+        return int(np.asarray(space.nvec).sum())
+    return None
+
+
+def has_action_mask(space: spaces.Space) -> bool:
+    """A ``Dict`` observation space with an ``action_mask`` entry."""
+    return isinstance(space, spaces.Dict) and ACTION_MASK in space.spaces
+
+
+class MaskedActionsEnv(gym.Wrapper, StructuredEnv):
+    """A plain env whose Dict observation has an ``action_mask``, as the protocol's case of
+    one step key and one agent, so the mask reaches the policy as a structured env's does."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.observation_spaces = {0: env.observation_space}
+        self.action_spaces = {0: env.action_space}
+        self._last: Any = None
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._last = obs
+        return obs, reward, terminated, truncated, info
+
+    def actor_id(self) -> ActorID:
+        return ActorID(0, 0)
+
+    def final_observation(self, agent_id: int) -> tuple[int, Any] | None:
+        """The truncating step's observation: the last decision bootstraps from it."""
+        return 0, self._last
 
 
 class KeyObservation:
@@ -310,11 +350,9 @@ def check_structured_env(env: Any) -> None:
         raise EnvError(f"{name}: n_agents must be >= 1, got {env.n_agents!r}")
     for k in keys:
         converter = KeyObservation(obs_spaces[k], k)
-        if converter.mask_size is not None and not (
-            isinstance(act_spaces[k], spaces.Discrete)
-            and int(act_spaces[k].n) == converter.mask_size
-        ):
+        if converter.mask_size is not None and converter.mask_size != mask_width(act_spaces[k]):
             raise EnvError(
                 f"{name}: step key {k} has an action_mask of {converter.mask_size} entries; "
-                f"it needs a Discrete({converter.mask_size}) action space, got {act_spaces[k]}"
+                f"it needs a Discrete({converter.mask_size}) action space or a MultiDiscrete "
+                f"whose values add up to {converter.mask_size}, got {act_spaces[k]}"
             )

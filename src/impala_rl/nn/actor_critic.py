@@ -33,6 +33,8 @@ from impala_rl.nn.distributions import (
     ActionHead,
     CategoricalDistribution,
     DiscreteHead,
+    MultiCategoricalDistribution,
+    MultiDiscreteHead,
     action_feature_size,
     encode_actions,
     make_action_head,
@@ -58,11 +60,14 @@ class PolicyNet(nn.Module):
 
     def head(self, features: Tensor, action_mask: Tensor | None = None) -> ActionDistribution:
         """The action distribution for ``features [*batch, F]`` (the torso's or the core's)."""
+        head = self.action_head
         if action_mask is None:
-            return self.action_head(features)
-        if not isinstance(self.action_head, DiscreteHead):
-            raise ValueError("an action_mask needs a Discrete action space")
-        return CategoricalDistribution(self.action_head.logits(features), action_mask)
+            return head(features)
+        if isinstance(head, DiscreteHead):
+            return CategoricalDistribution(head.logits(features), action_mask)
+        if isinstance(head, MultiDiscreteHead):
+            return MultiCategoricalDistribution(head.logits(features), head.nvec, action_mask)
+        raise ValueError("an action_mask needs a Discrete or MultiDiscrete action space")
 
 
 class ValueNet(nn.Module):

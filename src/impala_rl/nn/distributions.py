@@ -137,16 +137,26 @@ class CategoricalDistribution(ActionDistribution):
 
 
 class MultiCategoricalDistribution(ActionDistribution):
-    """Independent categoricals from ``logits [*batch, sum(nvec)]``; actions ``[*batch, k]``."""
+    """Independent categoricals from ``logits [*batch, sum(nvec)]``; actions ``[*batch, k]``.
+    ``mask [*batch, sum(nvec)]`` (optional): each dimension's legal values, as for
+    :class:`CategoricalDistribution`, concatenated."""
 
-    def __init__(self, logits: Tensor, nvec: Sequence[int]) -> None:
+    def __init__(self, logits: Tensor, nvec: Sequence[int], mask: Tensor | None = None) -> None:
         self.nvec = tuple(int(n) for n in nvec)
         if logits.shape[-1] != sum(self.nvec):
             raise ValueError(
                 f"logits trailing dim {logits.shape[-1]} != sum(nvec) = {sum(self.nvec)}"
             )
+        chunks = torch.split(logits, self.nvec, dim=-1)
+        masks: Sequence[Tensor | None] = [None] * len(chunks)
+        if mask is not None:
+            if mask.shape[-1] != sum(self.nvec):
+                raise ValueError(
+                    f"action mask trailing dim {mask.shape[-1]} != sum(nvec) = {sum(self.nvec)}"
+                )
+            masks = torch.split(mask, self.nvec, dim=-1)
         self.components = [
-            CategoricalDistribution(chunk) for chunk in torch.split(logits, self.nvec, dim=-1)
+            CategoricalDistribution(chunk, m) for chunk, m in zip(chunks, masks, strict=True)
         ]
 
     @property
