@@ -104,3 +104,23 @@ def test_the_policy_learns_the_best_legal_action_and_never_plays_an_illegal_one(
     for _ in range(50):
         action = policy.act(obs)
         obs, *_ = env.step(action)  # raises on an illegal action
+
+
+@pytest.mark.parametrize(
+    "runner",
+    [["runner.backend=subprocess"], ["runner.backend=subprocess", "runner.inference=central"]],
+)
+@pytest.mark.parametrize("env", ["masked_envs:make_env", "impala_rl.envs.pettingzoo:make_aec_env"])
+def test_a_one_key_env_with_a_mask_runs_in_actor_processes(tmp_path, runner, env):
+    """The actors' slots take the key's model form (they were laid out from the raw Dict, its
+    action_mask and all, and the first write failed): a masked plain env, and tic-tac-toe's
+    one shared policy."""
+    if env.startswith("impala_rl.envs.pettingzoo"):
+        pytest.importorskip("pettingzoo.classic")
+    extra = ["env.kwargs.strict=true"] if env.startswith("masked") else []
+    summary = impala_rl.train(
+        "cartpole",
+        [*FAST, f"env.id={env}", *extra, "max_env_steps=2000", *runner],
+        run_dir=tmp_path / "run",
+    )
+    assert summary["stopped_because"] == "max_env_steps", summary

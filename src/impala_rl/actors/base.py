@@ -82,7 +82,7 @@ class DistributedActors(abc.ABC):
         self._new_returns: list[float] = []
         self._returns_lock = threading.Lock()
 
-    def spec(self, observation_space: gym.spaces.Box) -> RolloutSpec:
+    def spec(self, observation_space: gym.spaces.Space | None) -> RolloutSpec:
         return rollout_spec_for(
             self._template, observation_space, self.cfg.n_rollout_steps, self.cfg.envs_per_actor
         )

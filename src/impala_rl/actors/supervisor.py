@@ -45,6 +45,7 @@ import torch
 
 from impala_rl.actors.base import ActorError, CollectedOutputs, DistributedActors, actor_seed
 from impala_rl.actors.rollout_queue import Rollout, RolloutQueue
+from impala_rl.envs.structured import is_structured
 from impala_rl.rollout import RolloutSpec, UnrollResult, column_block
 
 POLL_S = 0.05
@@ -178,7 +179,10 @@ class ActorSupervisor(DistributedActors, Generic[A, P]):
         self._started = True
         try:
             probe = self.env_factory()
-            spec: RolloutSpec = self.spec(probe.observation_space)
+            # a structured env's observations reach the slot as its keys' model forms: the
+            # model's spaces (its own space holds the raw Dict, an action_mask and all)
+            space = None if is_structured(probe) else probe.observation_space
+            spec: RolloutSpec = self.spec(space)
             probe.close()
             # finished rollouts: queued, blocked with their actor, or dropped as stale
             self.queue: RolloutQueue[P] = RolloutQueue(cfg)
