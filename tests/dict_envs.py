@@ -190,3 +190,58 @@ class MissionEnv(gym.Env):
 
 def make_mission_env(length: int = 8) -> gym.Env:
     return MissionEnv(length)
+
+
+class MissionOnlyEnv(MissionEnv):
+    """:class:`MissionEnv` whose observation is the mission alone: a ``Text`` space."""
+
+    def __init__(self, length: int = 8):
+        super().__init__(length)
+        self.observation_space = spaces.Text(40, charset="abcdefghijklmnopqrstuvwxyz ")
+
+    def _obs(self) -> str:  # type: ignore[override]
+        return super()._obs()["mission"]
+
+
+def make_mission_only_env(length: int = 8) -> gym.Env:
+    return MissionOnlyEnv(length)
+
+
+class TupleImageEnv(gym.Env):
+    """A ``Tuple`` of a channels-last RGB image (one of 4 quadrants lit) and a 2-vector;
+    the action naming the lit quadrant pays 1, of an episode's 8 steps."""
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, length: int = 8):
+        self.observation_space = spaces.Tuple(
+            (
+                spaces.Box(0, 255, (8, 8, 3), np.uint8),
+                spaces.Box(-1.0, 1.0, (2,), np.float32),
+            )
+        )
+        self.action_space = spaces.Discrete(4)
+        self.length = length
+        self.t = 0
+        self.lit = 0
+
+    def _obs(self) -> tuple:
+        self.lit = int(self.np_random.integers(4))
+        image = np.zeros((8, 8, 3), np.uint8)
+        row, col = divmod(self.lit, 2)
+        image[4 * row : 4 * row + 4, 4 * col : 4 * col + 4, :] = 255
+        return image, np.zeros(2, np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.lit)
+        self.t += 1
+        return self._obs(), reward, self.t >= self.length, False, {}
+
+
+def make_tuple_image_env(length: int = 8) -> gym.Env:
+    return TupleImageEnv(length)

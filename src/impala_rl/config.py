@@ -274,6 +274,12 @@ class EnvConfig:
     picks legal actions only, as in a structured env (the env is its one-key case, the mask
     not read as an input). ``false``: the entry is read as any other and nothing is masked
     (runs saved before this setting)."""
+    observation_entries: bool = True
+    """A ``Tuple`` observation that holds an image or a text, and a ``Text`` observation
+    alone, reach the model as a Dict's entries do (the Tuple's keyed by position, ``"0"``,
+    ``"1"``...; a text alone as ``"text"``): an image read by a CNN, a text as its words.
+    ``false``: flattened to one float vector (an image's pixels, a text's character indices),
+    as runs saved before this setting were."""
 
 
 @dataclass
@@ -706,10 +712,11 @@ def config_from_dict(data: dict) -> RunConfig:
     """Rebuild a validated config from :func:`to_dict`'s output (e.g. a checkpoint).
 
     A config saved before a setting existed gets the behaviour it was trained with:
-    ``model.dict_vectors=per_entry``, ``model.read_text=false``, ``env.action_mask=false``."""
+    ``model.dict_vectors=per_entry``, ``model.read_text=false``, ``env.action_mask=false``,
+    ``env.observation_entries=false``."""
     earlier = {
         "model": {"dict_vectors": "per_entry", "read_text": False},
-        "env": {"action_mask": False},
+        "env": {"action_mask": False, "observation_entries": False},
     }
     for section, settings in earlier.items():
         saved = data.get(section)

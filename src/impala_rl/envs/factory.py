@@ -152,6 +152,7 @@ class EnvFactory:
         vector: str = "python",
         frame_stack: int = 1,
         action_mask: bool = True,
+        entries: bool = True,
     ):
         self.env_id = env_id
         self.kwargs = dict(kwargs or {})
@@ -159,6 +160,7 @@ class EnvFactory:
         self.vector = vector  # env.vector: auto | python | envpool
         self.frame_stack = int(frame_stack)
         self.action_mask = bool(action_mask)  # a plain env's action_mask entry masks
+        self.entries = bool(entries)  # a Tuple with an image or text, a text: as entries
         self.check_env = False  # Gymnasium's env checker: only on the probe, off the hot path
         self.structured: bool | None = None  # known once an env was built (travels pickled)
 
@@ -172,6 +174,7 @@ class EnvFactory:
             env_cfg.vector if vector is None else vector,
             env_cfg.frame_stack,
             env_cfg.action_mask,
+            env_cfg.observation_entries,
         )
 
     def __call__(self) -> gym.Env:
@@ -221,9 +224,9 @@ class EnvFactory:
         if self.frame_stack > 1:
             env = gym.wrappers.FrameStackObservation(env, self.frame_stack)
         space = env.observation_space
-        if not keeps_structure(space) and model_observation_space(space) is space:
+        if not keeps_structure(space, self.entries) and model_observation_space(space) is space:
             return env
-        return ModelObservation(env)
+        return ModelObservation(env, self.entries)
 
     def make_vector(self, num_envs: int) -> Any:
         """A native vector env of ``num_envs`` copies when the env's callable offers one (a
@@ -320,6 +323,7 @@ class EnvFactory:
                     name,
                     self.frame_stack,
                     self.action_mask,
+                    self.entries,
                 )
                 rates[name] = max(rates[name], rate(candidate, AUTO_TIMING_S))
         self.vector = max(rates, key=rates.__getitem__)

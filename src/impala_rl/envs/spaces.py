@@ -17,6 +17,7 @@ Every env module imports from here and from nothing above it, so the package has
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import logging
@@ -84,6 +85,7 @@ def image_space(space: spaces.Box) -> spaces.Box:
 
 
 TEXT_WORDS = 32
+TEXT_ENTRY = "text"  # the entry a text observation alone becomes
 """The words of a text entry the model reads: the first ones (a longer text is cut)."""
 
 TEXT_BUCKETS = 1024
@@ -228,25 +230,46 @@ def is_composite(space: spaces.Space) -> bool:
     return isinstance(space, (spaces.Tuple, spaces.Dict))
 
 
-def keeps_structure(space: spaces.Space) -> bool:
+def observation_entries(
+    space: spaces.Space, entries: bool = True
+) -> dict[str, spaces.Space] | None:
+    """The entries of an observation space that reaches the model as a ``Dict``, or ``None``
+    (one array): a Dict's own; with ``entries``, also a ``Tuple`` holding an image or a text,
+    keyed by position (``"0"``, ``"1"``...: flattened, an image would lose its layout and a
+    text be character indices), and a text space alone, as ``"text"``."""
+    if isinstance(space, spaces.Dict):
+        return dict(space.spaces)
+    if not entries:
+        return None
+    if isinstance(space, spaces.Tuple) and any(_is_image(s) or is_text(s) for s in space):
+        return collections.OrderedDict((str(i), sub) for i, sub in enumerate(space))
+    if is_text(space):
+        return {TEXT_ENTRY: space}
+    return None
+
+
+def keeps_structure(space: spaces.Space, entries: bool = True) -> bool:
     """Whether an observation space reaches the model as a ``Dict``."""
-    return isinstance(space, spaces.Dict)
+    return observation_entries(space, entries) is not None
 
 
 class ObservationConverter:
     """One observation space as the model takes it (``space``): the ``Box`` of
-    :func:`model_observation_space`, or for a Dict the ``Dict`` of :func:`dict_model_space`
-    (``dropped``: the entries it leaves out). Called on an observation, it returns the model's
-    form: an array, or a dict of arrays."""
+    :func:`model_observation_space`, or the ``Dict`` of :func:`dict_model_space` over its
+    :func:`observation_entries` (``entries``: whether a Tuple with an image or text and a text
+    alone are read as entries; ``dropped``: the entries it leaves out). Called on an
+    observation, it returns the model's form: an array, or a dict of arrays."""
 
-    def __init__(self, source: spaces.Space):
+    def __init__(self, source: spaces.Space, entries: bool = True):
         self.source = source
         self.dropped: list[str] = []
         self._entries: dict[str, spaces.Space] = {}
         self.space: spaces.Space
-        if keeps_structure(source):
-            self.space, self.dropped = dict_model_space(source)  # type: ignore[arg-type]
-            self._entries = dict(source.spaces)  # type: ignore[attr-defined]
+        found = observation_entries(source, entries)
+        if found is not None:
+            structure = source if isinstance(source, spaces.Dict) else spaces.Dict(found)
+            self.space, self.dropped = dict_model_space(structure)
+            self._entries = found
         else:
             self.space = model_observation_space(source)
         self.identity = self.space is source
@@ -256,10 +279,18 @@ class ObservationConverter:
             return observation
         if self._entries:
             return {
-                name: self._entry(self._entries[name], sub, observation[name])
+                name: self._entry(self._entries[name], sub, self._value(observation, name))
                 for name, sub in self.space.spaces.items()  # type: ignore[attr-defined]
             }
         return self._entry(self.source, self.space, observation)
+
+    def _value(self, observation: Any, name: str) -> Any:
+        """Entry ``name`` of an observation (of a Dict, a Tuple by position, a text alone)."""
+        if isinstance(self.source, spaces.Dict):
+            return observation[name]
+        if isinstance(self.source, spaces.Tuple):
+            return observation[int(name)]
+        return observation
 
     @staticmethod
     def _entry(source: spaces.Space, target: spaces.Space, value: Any) -> np.ndarray:
@@ -282,9 +313,9 @@ class ModelObservation(gym.ObservationWrapper):
     """Presents a plain env's observations as the model takes them
     (:class:`ObservationConverter`)."""
 
-    def __init__(self, env: gym.Env):
+    def __init__(self, env: gym.Env, entries: bool = True):
         super().__init__(env)
-        self._convert = ObservationConverter(env.observation_space)
+        self._convert = ObservationConverter(env.observation_space, entries)
         self.observation_space = self._convert.space
         self.dropped = self._convert.dropped
 
