@@ -4,6 +4,7 @@ as its words; ``false`` (and runs saved before the setting) flattens them as bef
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -14,6 +15,7 @@ import impala_rl
 from impala_rl.config import config_from_dict, load_config, to_dict
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.spaces import TextTokens, observation_entries, text_tokens
+from impala_rl.envs.vector import NativeVectorEnv
 from impala_rl.nn.factory import build_model_for_env
 
 FAST = ["log.console=false", "log.tensorboard=false", "target_return=null"]
@@ -80,3 +82,22 @@ def test_a_text_or_a_tuple_with_an_image_learns_and_its_policy_acts_on_raw_obser
         )
         right += int(policy.act(obs)) == answer
     assert right >= 18
+
+
+def test_a_native_vector_env_gives_each_row_its_own_tuple_or_text():
+    """Gymnasium's vector envs batch a Tuple as a tuple of arrays and texts as a tuple of
+    strings: each row is cut out of its entries, a text taken whole."""
+    same_step = gym.vector.AutoresetMode.SAME_STEP
+    images = gym.vector.SyncVectorEnv(
+        [dict_envs.make_tuple_image_env] * 3, autoreset_mode=same_step
+    )
+    native = NativeVectorEnv(images)
+    obs, _ = native.reset(seed=0)
+    for row, env in enumerate(images.envs):
+        r, c = divmod(env.lit, 2)
+        assert obs["0"][row, 0, 4 * r, 4 * c] == 255 and obs["0"][row].sum() == 16 * 3 * 255
+    texts = gym.vector.SyncVectorEnv([dict_envs.make_mission_only_env] * 3)
+    obs, _ = NativeVectorEnv(texts).reset(seed=0)
+    raws = [dict_envs.make_mission_only_env().reset(seed=i)[0] for i in range(3)]
+    for row, raw in enumerate(raws):
+        assert np.array_equal(obs["text"][row], text_tokens(raw))

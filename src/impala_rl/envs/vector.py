@@ -126,6 +126,7 @@ class NativeVectorEnv:
         )
         self.single_action_space = envs.single_action_space
         self._actions_by_row = is_composite(envs.single_action_space)
+        self._tuple = isinstance(envs.single_observation_space, gym.spaces.Tuple)
 
     @staticmethod
     def needed(envs: Any) -> bool:
@@ -138,7 +139,7 @@ class NativeVectorEnv:
     def _model_form(self, obs: Any) -> Any:
         if self._same_form:
             return obs
-        rows = [self._convert(_row(obs, i)) for i in range(self.num_envs)]
+        rows = [self._convert(_row(obs, i, entries=self._tuple)) for i in range(self.num_envs)]
         if isinstance(rows[0], dict):
             return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
         return np.stack(rows)
@@ -156,7 +157,7 @@ class NativeVectorEnv:
         if self.reset_here and ended.any():
             final = np.empty(self.num_envs, dtype=object)
             for i in np.flatnonzero(ended):
-                row = _row(obs, int(i), copy=True)
+                row = _row(obs, int(i), copy=True, entries=self._tuple)
                 final[i] = row if self._same_form else self._convert(row)
             obs, _ = self.envs.reset(options={"reset_mask": ended})
             info = {**info, "final_obs": final, "_final_obs": ended}
@@ -178,8 +179,11 @@ def _resets_later(envs: Any) -> bool:
     return mode in (AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED)
 
 
-def _row(obs: Any, i: int, copy: bool = False) -> Any:
-    """Env ``i``'s observation of a batch (a dict of batches for a Dict observation)."""
+def _row(obs: Any, i: int, copy: bool = False, entries: bool = False) -> Any:
+    """Env ``i``'s observation of a batch: a dict of batches for a Dict observation, a tuple
+    of them for a Tuple (``entries``; a batch of texts is a tuple of strings, one a row)."""
     if isinstance(obs, dict):
         return {k: (np.array(v[i]) if copy else v[i]) for k, v in obs.items()}
+    if entries:
+        return tuple(np.array(v[i]) if copy else v[i] for v in obs)
     return np.array(obs[i]) if copy else obs[i]
