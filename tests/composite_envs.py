@@ -14,7 +14,8 @@ class PickAndSetEnv(gym.Env):
     """Each step shows a target (one-hot of 3) and a goal in [-0.8, 0.8]; the action is
     ``{"pick": Discrete(3), "amount": Box(-1, 1, (1,))}`` and pays ``1`` for the target's pick
     plus ``1 - |amount - goal|``. The optimum is 2 a step, 16 an episode of 8; random actions
-    earn ~0.9 a step. ``nested=True`` puts the amount in a Tuple with a MultiBinary switch
+    earn ~5 an episode, a fixed pick with the amount at 0 (an untrained policy's mode) ~7.5.
+    ``nested=True`` puts the amount in a Tuple with a MultiBinary switch
     that pays nothing (the space nests; the reward is the same)."""
 
     metadata: dict = {"render_modes": []}
