@@ -153,7 +153,9 @@ class ImpalaAlgorithmConfig:
     per-op overhead (2-4x faster compiled), a CNN's much less; the compile takes ~20-30 s at
     the first update. ``true``: compile where the run allows it (a CPU learner, one step key,
     no LSTM core, one learner, fp32, not in burn-in; elsewhere a warning says why it runs
-    eagerly); ``null`` (the ``any_env`` preset's):
+    eagerly; an update that cannot be one program, e.g. an encoder of yours that reads a
+    number back to the host, runs eagerly too and says so at the first update); ``null`` (the
+    ``any_env`` preset's):
     that, for a model without convolutions over a run of at least 10,000 optimizer steps (a
     shorter run does not win the compile back); ``false``: always eager."""
     queue_out_of_sync_factor: float = 1.0
