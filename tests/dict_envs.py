@@ -245,3 +245,23 @@ class TupleImageEnv(gym.Env):
 
 def make_tuple_image_env(length: int = 8) -> gym.Env:
     return TupleImageEnv(length)
+
+
+class NestedImageEnv(TupleImageEnv):
+    """:class:`TupleImageEnv` with the image inside a nested Dict:
+    ``{"robot": {"camera": image, "pos": vector}, "goal": vector}``."""
+
+    def __init__(self, length: int = 8):
+        super().__init__(length)
+        image, vector = self.observation_space.spaces
+        self.observation_space = spaces.Dict(
+            {"robot": spaces.Dict({"camera": image, "pos": vector}), "goal": vector}
+        )
+
+    def _obs(self) -> dict:  # type: ignore[override]
+        image, vector = super()._obs()
+        return {"robot": {"camera": image, "pos": vector}, "goal": vector.copy()}
+
+
+def make_nested_image_env(length: int = 8) -> gym.Env:
+    return NestedImageEnv(length)

@@ -277,11 +277,12 @@ class EnvConfig:
     not read as an input). ``false``: the entry is read as any other and nothing is masked
     (runs saved before this setting)."""
     observation_entries: bool = True
-    """A ``Tuple`` observation that holds an image or a text, and a ``Text`` observation
-    alone, reach the model as a Dict's entries do (the Tuple's keyed by position, ``"0"``,
-    ``"1"``...; a text alone as ``"text"``): an image read by a CNN, a text as its words.
-    ``false``: flattened to one float vector (an image's pixels, a text's character indices),
-    as runs saved before this setting were."""
+    """A ``Tuple`` observation that holds an image or a text, a ``Text`` observation alone,
+    and a Tuple or Dict inside a Dict that holds one, reach the model as a Dict's entries do
+    (a Tuple's keyed by position, ``"0"``, ``"1"``...; a text alone as ``"text"``; a nested
+    one as ``"robot/camera"``): an image read by a CNN, a text as its words. ``false``:
+    flattened to one float vector (an image's pixels, a text's character indices), as runs
+    saved before this setting were."""
 
 
 @dataclass

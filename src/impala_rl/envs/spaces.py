@@ -230,22 +230,49 @@ def is_composite(space: spaces.Space) -> bool:
     return isinstance(space, (spaces.Tuple, spaces.Dict))
 
 
+def _holds_image_or_text(space: spaces.Space) -> bool:
+    """An image or a text, or a Tuple or Dict holding one at any depth."""
+    if isinstance(space, spaces.Dict):
+        return any(_holds_image_or_text(s) for s in space.spaces.values())
+    if isinstance(space, spaces.Tuple):
+        return any(_holds_image_or_text(s) for s in space.spaces)
+    return _is_image(space) or is_text(space)
+
+
+def entry_paths(
+    space: spaces.Space, entries: bool = True
+) -> dict[str, tuple[tuple[Any, ...], spaces.Space]] | None:
+    """Each entry of an observation space that reaches the model as a ``Dict``: its name, the
+    keys that reach it in an observation, and its space; ``None``: one array. A Dict's own
+    entries; with ``entries``, also a ``Tuple`` that holds an image or a text, keyed by
+    position (``"0"``, ``"1"``...: flattened, an image would lose its layout and a text be
+    character indices), a text alone as ``"text"``, and a Tuple or Dict entry holding an image
+    or a text as its own entries (``"robot/camera"``)."""
+    if isinstance(space, spaces.Dict):
+        items = [(str(k), (k,), sub) for k, sub in space.spaces.items()]
+    elif entries and isinstance(space, spaces.Tuple) and _holds_image_or_text(space):
+        items = [(str(i), (i,), sub) for i, sub in enumerate(space.spaces)]
+    elif entries and is_text(space):
+        return {TEXT_ENTRY: ((), space)}
+    else:
+        return None
+    found: dict[str, tuple[tuple[Any, ...], spaces.Space]] = collections.OrderedDict()
+    for name, path, sub in items:
+        inner = entry_paths(sub, entries) if is_composite(sub) else None
+        if entries and inner is not None and _holds_image_or_text(sub):
+            for inner_name, (inner_path, leaf) in inner.items():
+                found[f"{name}/{inner_name}"] = (path + inner_path, leaf)
+        else:
+            found[name] = (path, sub)
+    return found
+
+
 def observation_entries(
     space: spaces.Space, entries: bool = True
 ) -> dict[str, spaces.Space] | None:
-    """The entries of an observation space that reaches the model as a ``Dict``, or ``None``
-    (one array): a Dict's own; with ``entries``, also a ``Tuple`` holding an image or a text,
-    keyed by position (``"0"``, ``"1"``...: flattened, an image would lose its layout and a
-    text be character indices), and a text space alone, as ``"text"``."""
-    if isinstance(space, spaces.Dict):
-        return dict(space.spaces)
-    if not entries:
-        return None
-    if isinstance(space, spaces.Tuple) and any(_is_image(s) or is_text(s) for s in space):
-        return collections.OrderedDict((str(i), sub) for i, sub in enumerate(space))
-    if is_text(space):
-        return {TEXT_ENTRY: space}
-    return None
+    """The entries of :func:`entry_paths`, by name: ``{name: space}``, or ``None``."""
+    found = entry_paths(space, entries)
+    return None if found is None else {name: sub for name, (_, sub) in found.items()}
 
 
 def keeps_structure(space: spaces.Space, entries: bool = True) -> bool:
@@ -256,20 +283,24 @@ def keeps_structure(space: spaces.Space, entries: bool = True) -> bool:
 class ObservationConverter:
     """One observation space as the model takes it (``space``): the ``Box`` of
     :func:`model_observation_space`, or the ``Dict`` of :func:`dict_model_space` over its
-    :func:`observation_entries` (``entries``: whether a Tuple with an image or text and a text
-    alone are read as entries; ``dropped``: the entries it leaves out). Called on an
-    observation, it returns the model's form: an array, or a dict of arrays."""
+    :func:`entry_paths` (``entries``: whether a Tuple or nested entry holding an image or
+    text, and a text alone, are read as entries; ``dropped``: the entries it leaves out).
+    Called on an observation, it returns the model's form: an array, or a dict of arrays."""
 
     def __init__(self, source: spaces.Space, entries: bool = True):
         self.source = source
         self.dropped: list[str] = []
         self._entries: dict[str, spaces.Space] = {}
+        self._paths: dict[str, tuple[Any, ...]] = {}
         self.space: spaces.Space
-        found = observation_entries(source, entries)
+        found = entry_paths(source, entries)
         if found is not None:
-            structure = source if isinstance(source, spaces.Dict) else spaces.Dict(found)
-            self.space, self.dropped = dict_model_space(structure)
-            self._entries = found
+            self._entries = {name: sub for name, (_, sub) in found.items()}
+            self._paths = {name: path for name, (path, _) in found.items()}
+            nested = any(len(path) != 1 for path in self._paths.values())
+            plain = isinstance(source, spaces.Dict) and not nested  # its own order, as before
+            structure = source if plain else spaces.Dict(self._entries)
+            self.space, self.dropped = dict_model_space(structure)  # type: ignore[arg-type]
         else:
             self.space = model_observation_space(source)
         self.identity = self.space is source
@@ -285,11 +316,9 @@ class ObservationConverter:
         return self._entry(self.source, self.space, observation)
 
     def _value(self, observation: Any, name: str) -> Any:
-        """Entry ``name`` of an observation (of a Dict, a Tuple by position, a text alone)."""
-        if isinstance(self.source, spaces.Dict):
-            return observation[name]
-        if isinstance(self.source, spaces.Tuple):
-            return observation[int(name)]
+        """Entry ``name`` of an observation: its keys followed (a text alone: itself)."""
+        for key in self._paths[name]:
+            observation = observation[key]
         return observation
 
     @staticmethod
