@@ -134,7 +134,7 @@ class KeyObservation:
         self.source = source
         self.mask_size: int | None = None
         rest = source
-        if isinstance(source, spaces.Dict) and ACTION_MASK in source.spaces:
+        if has_action_mask(source):
             mask_space = source.spaces[ACTION_MASK]
             self.mask_size = int(np.prod(mask_space.shape))
             rest = spaces.Dict({k: v for k, v in source.spaces.items() if k != ACTION_MASK})

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from impala_rl.envs.spaces import is_composite
+
 __all__ = [
     "SUPPORTED_ACTION_SPACES",
     "ActionDistribution",
@@ -439,7 +441,7 @@ class CompositeHead(ActionHead):
         super().__init__(action_space)
         heads = []
         for path, leaf in _leaves(action_space):
-            if isinstance(leaf, (gymnasium.spaces.Tuple, gymnasium.spaces.Dict)):
+            if is_composite(leaf):
                 where = f"an empty entry {path}" if path else "no entries"
                 raise ValueError(f"the action space {action_space!r} has {where}")
             try:
@@ -486,7 +488,7 @@ def make_action_head(action_space: gymnasium.Space, in_features: int) -> ActionH
         return MultiBinaryHead(action_space, in_features)
     if isinstance(action_space, spaces.Box):
         return BoxHead(action_space, in_features)
-    if isinstance(action_space, (spaces.Tuple, spaces.Dict)):
+    if is_composite(action_space):
         return CompositeHead(action_space, in_features)
     raise ValueError(
         f"Unsupported action space {action_space!r}; supported action spaces are: "
@@ -500,7 +502,7 @@ def action_feature_size(space: gymnasium.Space) -> int:
         return int(space.n)
     if isinstance(space, gymnasium.spaces.MultiDiscrete):
         return int(np.asarray(space.nvec).sum())
-    if isinstance(space, (gymnasium.spaces.Tuple, gymnasium.spaces.Dict)):
+    if is_composite(space):
         return sum(action_feature_size(leaf) for _, leaf in _leaves(space))
     return int(np.prod(space.shape, dtype=np.int64))
 
