@@ -283,6 +283,13 @@ class EnvConfig:
     one as ``"robot/camera"``): an image read by a CNN, a text as its words. ``false``:
     flattened to one float vector (an image's pixels, a text's character indices), as runs
     saved before this setting were."""
+    max_image_side: int | None = 128
+    """An image observation (plain, a Dict's or Tuple's entry, a step key's) whose longer side
+    is longer than this many pixels is downscaled, keeping its aspect ratio, until that side
+    is this long (a pixel the mean of the source pixels whose centres it covers;
+    :mod:`impala_rl.envs.images`): a frame rendered at screen size (400x600 becomes 85x128)
+    would give the Nature CNN ~10^8 weights. ``null``: images as the env gives them (runs
+    saved before this setting)."""
 
 
 @dataclass
@@ -716,10 +723,10 @@ def config_from_dict(data: dict) -> RunConfig:
 
     A config saved before a setting existed gets the behaviour it was trained with:
     ``model.dict_vectors=per_entry``, ``model.read_text=false``, ``env.action_mask=false``,
-    ``env.observation_entries=false``."""
+    ``env.observation_entries=false``, ``env.max_image_side=null``."""
     earlier = {
         "model": {"dict_vectors": "per_entry", "read_text": False},
-        "env": {"action_mask": False, "observation_entries": False},
+        "env": {"action_mask": False, "observation_entries": False, "max_image_side": None},
     }
     for section, settings in earlier.items():
         saved = data.get(section)
@@ -871,6 +878,7 @@ RULES: dict[str, Rule] = {
     "env.id": Rule(bool, "a Gymnasium id, module:callable or module:EnvId"),
     "env.max_episode_steps": at_least(1, integer=True, nullable=True),
     "env.frame_stack": at_least(1, integer=True),
+    "env.max_image_side": at_least(8, integer=True, nullable=True),
     "env.vector": one_of(VECTOR_ENVS),
     "model.hidden_sizes": Rule(
         lambda v: len(v) >= 1 and all(h >= 1 for h in v), "a non-empty list of integers >= 1"

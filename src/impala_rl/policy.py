@@ -7,6 +7,7 @@ config a run was started with (for ``--resume``). Neither imports the training s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,20 +91,26 @@ class Policy:
         self._acting = LocalActing(self.model)
         self._streams: DecisionStreams | None = None
         from impala_rl.envs.factory import ModelObservation
+        from impala_rl.envs.images import DownscaledImages, DownscaledKeyImages
         from impala_rl.envs.structured import KeyObservation
 
         built = env is None
         env = env_factory() if built else env
         self._key_observations = None
         self._n_agents = 1
+        self._downscaled_key = None  # a structured env's raw observation, downscaled
         if is_structured(env):
             self._key_observations = {
                 k: KeyObservation(s, k) for k, s in env.observation_spaces.items()
             }
             self._n_agents = int(env.n_agents)
-        wrapped = isinstance(env, ModelObservation)
-        self._raw_space = env.env.observation_space if wrapped else env.observation_space
-        self._to_model = env.observation if wrapped else (lambda obs: obs)
+            if isinstance(env, DownscaledKeyImages):
+                self._downscaled_key = env.observation_of
+        convert = env.observation if isinstance(env, ModelObservation) else None
+        inner = env.env if convert is not None else env
+        resize = inner.observation if isinstance(inner, DownscaledImages) else None
+        self._raw_space = (inner.env if resize is not None else inner).observation_space
+        self._to_model = _composed(resize, convert)
         if built:
             env.close()
 
@@ -128,6 +135,8 @@ class Policy:
             step_key = self._step_key(step_key)
             if not 0 <= agent_id < self._n_agents:
                 raise ValueError(f"agent_id={agent_id!r} is not one of 0..{self._n_agents - 1}")
+            if self._downscaled_key is not None:  # a downscaled one passes unchanged
+                obs = self._downscaled_key(step_key, obs)
             x, mask = self._key_observations[step_key](obs)
             x = map_obs(as_obs(x), lambda t: t.unsqueeze(0))
             mask = None if mask is None else torch.as_tensor(mask).unsqueeze(0)
@@ -185,6 +194,18 @@ class Policy:
     def reset(self) -> None:
         """Start new episodes: zero core state, last action and last reward."""
         self._streams = None
+
+
+def _composed(*steps: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    """The observation conversions ``steps`` (``None``: skipped) applied in order."""
+    present = [step for step in steps if step is not None]
+
+    def convert(obs: Any) -> Any:
+        for step in present:
+            obs = step(obs)
+        return obs
+
+    return convert
 
 
 def _fits(obs: Any, space: Any, batch_dims: int) -> bool:

@@ -33,6 +33,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from impala_rl.envs.images import downscaled
 from impala_rl.envs.spaces import (
     EnvError,
     ModelObservation,
@@ -153,6 +154,7 @@ class EnvFactory:
         frame_stack: int = 1,
         action_mask: bool = True,
         entries: bool = True,
+        max_image_side: int | None = None,
     ):
         self.env_id = env_id
         self.kwargs = dict(kwargs or {})
@@ -161,6 +163,7 @@ class EnvFactory:
         self.frame_stack = int(frame_stack)
         self.action_mask = bool(action_mask)  # a plain env's action_mask entry masks
         self.entries = bool(entries)  # a Tuple with an image or text, a text: as entries
+        self.max_image_side = max_image_side  # larger images downscaled (None: as they are)
         self.check_env = False  # Gymnasium's env checker: only on the probe, off the hot path
         self.structured: bool | None = None  # known once an env was built (travels pickled)
 
@@ -175,6 +178,7 @@ class EnvFactory:
             env_cfg.frame_stack,
             env_cfg.action_mask,
             env_cfg.observation_entries,
+            env_cfg.max_image_side,
         )
 
     def __call__(self) -> gym.Env:
@@ -210,7 +214,7 @@ class EnvFactory:
                     f"env.max_episode_steps is not supported for the structured env "
                     f"{self.env_id!r}; valid: null (end episodes inside the env)"
                 )
-            return env
+            return downscaled(env, self.max_image_side)
         if self.max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env, self.max_episode_steps)
         if self.action_mask and has_action_mask(env.observation_space):
@@ -220,9 +224,10 @@ class EnvFactory:
                     "with its observations; valid: 1, or env.action_mask=false"
                 )
             self.structured = True  # one key: the structured vector env applies the mask
-            return MaskedActionsEnv(env)
+            return downscaled(MaskedActionsEnv(env), self.max_image_side)
         if self.frame_stack > 1:
             env = gym.wrappers.FrameStackObservation(env, self.frame_stack)
+        env = downscaled(env, self.max_image_side)  # right under the model's form (Policy)
         space = env.observation_space
         if not keeps_structure(space, self.entries) and model_observation_space(space) is space:
             return env
@@ -259,8 +264,8 @@ class EnvFactory:
             if make is None:
                 return None
             envs = make(num_envs, **self.kwargs)
-            if envs is not None and NativeVectorEnv.needed(envs):
-                envs = NativeVectorEnv(envs)
+            if envs is not None and NativeVectorEnv.needed(envs, self.max_image_side):
+                envs = NativeVectorEnv(envs, max_image_side=self.max_image_side)
         if envs is not None and self.max_episode_steps is not None:
             envs.close()
             raise EnvError(
@@ -324,6 +329,7 @@ class EnvFactory:
                     self.frame_stack,
                     self.action_mask,
                     self.entries,
+                    self.max_image_side,
                 )
                 rates[name] = max(rates[name], rate(candidate, AUTO_TIMING_S))
         self.vector = max(rates, key=rates.__getitem__)

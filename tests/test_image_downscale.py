@@ -1,0 +1,225 @@
+"""Images longer than ``env.max_image_side`` a side reach the model downscaled."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import image_envs
+import impala_rl
+from impala_rl.config import ConfigError, config_from_dict, load_config, to_dict
+from impala_rl.envs import EnvFactory
+from impala_rl.envs.images import (
+    DownscaledKeyImages,
+    ImageResizer,
+    downscale,
+    downscaled,
+    downscaled_side,
+)
+from impala_rl.envs.structured import StructuredVectorEnv
+from impala_rl.envs.vector import NativeVectorEnv
+
+SMALL = (3, 85, 128)  # image_envs' 192 x 288 screen, channels first, downscaled to 128
+
+
+def _centres_mean(plane: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Slow reference: each output pixel the mean of the source pixels whose centres lie in
+    it (half-open on the low side), rows and columns alike."""
+
+    def weights(n_in: int, n_out: int) -> np.ndarray:
+        scale = n_in / n_out
+        w = np.zeros((n_out, n_in))
+        for o in range(n_out):
+            low, high = o * scale, (o + 1) * scale
+            for i in range(n_in):
+                if low < i + 0.5 <= high:
+                    w[o, i] = 1.0
+        return w / w.sum(axis=1, keepdims=True)
+
+    return weights(plane.shape[0], height) @ plane.astype(float) @ weights(plane.shape[1], width).T
+
+
+def test_the_longer_side_is_brought_to_the_limit_keeping_the_aspect_ratio():
+    assert downscaled_side(400, 600, 128) == (85, 128)
+    assert downscaled_side(600, 400, 128) == (128, 85)
+    assert downscaled_side(128, 96, 128) == (128, 96)  # not longer: unchanged
+    assert downscaled_side(2000, 10, 128) == (128, 1)
+
+
+@pytest.mark.parametrize("shape", [(192, 288), (400, 600), (131, 97), (129, 500), (256, 256)])
+def test_each_pixel_is_the_mean_of_the_source_pixels_whose_centres_it_covers(shape):
+    plane = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+    small = downscale(plane, "hw", 128)
+    assert small.shape == downscaled_side(*shape, 128)
+    assert small.dtype == np.uint8
+    assert np.abs(small - _centres_mean(plane, *small.shape)).max() <= 1.0  # rounding
+
+
+@pytest.mark.parametrize("layout", ["hwc", "chw", "nhwc", "nchw"])
+def test_every_layout_keeps_its_layout_and_downscales_each_plane_alone(layout):
+    rng = np.random.default_rng(1)
+    planes = rng.integers(0, 256, (2, 3, 150, 200), dtype=np.uint8)  # [frame, channel, H, W]
+    image = {
+        "hwc": planes[0].transpose(1, 2, 0),
+        "chw": planes[0],
+        "nhwc": planes.transpose(0, 2, 3, 1),
+        "nchw": planes,
+    }[layout]
+    small = downscale(np.ascontiguousarray(image), layout, 128)
+    frames = planes if layout.startswith("n") else planes[:1]
+    expected = np.stack([[downscale(p, "hw", 128) for p in frame] for frame in frames])
+    as_planes = {
+        "hwc": lambda x: x.transpose(2, 0, 1)[None],
+        "chw": lambda x: x[None],
+        "nhwc": lambda x: x.transpose(0, 3, 1, 2),
+        "nchw": lambda x: x,
+    }[layout]
+    assert small.flags.c_contiguous
+    np.testing.assert_array_equal(as_planes(small), expected)
+
+
+def test_only_images_longer_than_the_limit_change():
+    big = spaces.Box(0, 255, (200, 300, 3), np.uint8)
+    small = spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    vector = spaces.Box(-1.0, 1.0, (300,), np.float32)
+    source = spaces.Dict(
+        {"camera": big, "minimap": small, "pos": vector, "pair": spaces.Tuple([big, small])}
+    )
+    resizer = ImageResizer(source, 128)
+    assert resizer.changes
+    assert resizer.space["camera"].shape == (85, 128, 3)
+    assert resizer.space["pair"][0].shape == (85, 128, 3)
+    for name in ("minimap", "pos"):
+        assert resizer.space[name] is source[name]
+    assert resizer.space["pair"][1] is small
+    obs = source.sample()
+    out = resizer(obs)
+    assert out["camera"].shape == (85, 128, 3) and out["pair"][0].shape == (85, 128, 3)
+    assert out["minimap"] is obs["minimap"] and out["pos"] is obs["pos"]
+    assert not ImageResizer(spaces.Dict({"minimap": small, "pos": vector}), 128).changes
+    plain = image_envs.SideEnv()
+    assert downscaled(plain, 288) is plain  # nothing longer: not wrapped
+    assert downscaled(plain, None) is plain
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "entry"),
+    [({}, None), ({"layout": "chw"}, None), ({"layout": "hw"}, None), ({"entry": True}, "screen")],
+)
+def test_the_factory_downscales_a_large_image_before_the_model_reads_it(kwargs, entry):
+    env = EnvFactory("image_envs:make_env", kwargs, max_image_side=128)()
+    space = env.observation_space[entry] if entry else env.observation_space
+    channels = 1 if kwargs.get("layout") == "hw" else 3
+    assert space.shape == (channels, *SMALL[1:])
+    obs, _ = env.reset(seed=0)
+    assert (obs[entry] if entry else obs).shape == space.shape
+    whole = EnvFactory("image_envs:make_env", kwargs, max_image_side=None)()
+    whole_space = whole.observation_space[entry] if entry else whole.observation_space
+    assert whole_space.shape == (channels, image_envs.HEIGHT, image_envs.WIDTH)
+
+
+def test_a_frame_stack_of_large_images_is_downscaled_frame_by_frame():
+    env = EnvFactory("image_envs:make_env", {}, frame_stack=4, max_image_side=128)()
+    assert env.observation_space.shape == (12, *SMALL[1:])
+    obs, _ = env.reset(seed=0)
+    frame = image_envs.SideEnv()
+    first, _ = frame.reset(seed=0)
+    np.testing.assert_array_equal(obs[-3:], downscale(first, "hwc", 128).transpose(2, 0, 1))
+
+
+def test_the_default_is_128_and_a_config_saved_before_keeps_its_images_whole():
+    assert load_config("cartpole").env.max_image_side == 128
+    saved = to_dict(load_config("cartpole"))
+    del saved["env"]["max_image_side"]
+    assert config_from_dict(saved).env.max_image_side is None
+    assert EnvFactory.of(config_from_dict(saved).env).max_image_side is None
+
+
+def test_an_impossible_limit_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match="env.max_image_side"):
+        load_config("cartpole", ["env.max_image_side=4"])
+    assert load_config("cartpole", ["env.max_image_side=null"]).env.max_image_side is None
+
+
+def test_a_structured_env_downscales_each_step_keys_images():
+    factory = EnvFactory("image_envs:TwoSeatSideEnv", {}, max_image_side=128)
+    env = factory()
+    assert isinstance(env, DownscaledKeyImages)
+    assert env.observation_spaces[0]["screen"].shape == (85, 128, 3)
+    assert env.observation_spaces[1].shape == (40, 40, 3)  # small: as it is
+    vec = StructuredVectorEnv([factory] * 2)
+    vec.reset(seed=0)
+    assert vec.obs[0].shape == (2, *SMALL)  # the mask aside, the screen alone
+    for _ in range(7):
+        vec.step([0, 0])
+    vec.step([0, 0])  # the 8th turn truncates: each agent's final observation
+    assert vec.final_obs[0][0][1].shape == SMALL
+    assert vec.final_obs[0][1][1].shape == (3, 40, 40)
+    vec.close()
+
+
+def test_a_native_vector_env_downscales_its_rows():
+    envs = gym.vector.SyncVectorEnv(
+        [image_envs.make_env] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    assert NativeVectorEnv.needed(envs, 128)
+    vec = NativeVectorEnv(envs, max_image_side=128)
+    assert vec.single_observation_space.shape == SMALL
+    obs, _ = vec.reset(seed=0)
+    assert obs.shape == (2, *SMALL)
+    obs, *_ = vec.step(np.zeros(2, dtype=np.int64))
+    assert obs.shape == (2, *SMALL)
+    vec.close()
+
+
+def test_a_large_image_env_learns_and_its_policy_acts_on_full_size_frames(tmp_path):
+    """The red square's half of a 192 x 288 screen, read at 85 x 128: 12k env steps evaluate
+    at 7.5 or more of 8 (seed 0: 8.0 by 15k env steps; a random policy 4), and the saved
+    policy, given the env's own full-size frames, names the half on >= 95% of them."""
+    run_dir = tmp_path / "run"
+    summary = impala_rl.train(
+        None,
+        [
+            "env.id=image_envs:make_env",
+            "max_env_steps=12288",
+            "algorithm.epoch_length=4",
+            "log.console=false",
+            "log.tensorboard=false",
+        ],
+        run_dir=run_dir,
+    )
+    assert summary["stopped_because"] == "max_env_steps", summary
+    assert summary["best_eval_return"] >= 7.5, summary
+    policy = impala_rl.load_policy(run_dir)
+    env = image_envs.SideEnv()
+    obs, _ = env.reset(seed=123)
+    right = 0
+    for _ in range(200):
+        side = env.side
+        right += int(policy.act(obs)) == side
+        obs, *_ = env.step(0)
+    assert right >= 190, right
+    frames = np.stack([env.reset(seed=s)[0] for s in range(4)])  # a batch of raw frames
+    assert np.asarray(policy.act(frames)).shape == (4,)
+
+
+def test_a_structured_env_with_a_large_image_runs_in_actor_processes(tmp_path):
+    run_dir = tmp_path / "run"
+    summary = impala_rl.train(
+        None,
+        [
+            "env.id=image_envs:TwoSeatSideEnv",
+            "runner.backend=subprocess",
+            "max_env_steps=2048",
+            "log.console=false",
+            "log.tensorboard=false",
+        ],
+        run_dir=run_dir,
+    )
+    assert summary["stopped_because"] == "max_env_steps", summary
+    policy = impala_rl.load_policy(run_dir)
+    env = image_envs.TwoSeatSideEnv()
+    obs, _ = env.reset(seed=0)  # step key 0's full-size screen
+    assert int(policy.act(obs, step_key=0)) in (0, 1)
