@@ -11,21 +11,35 @@ from gymnasium import spaces
 from impala_rl.envs.structured import ActorID, StructuredEnv
 
 HEIGHT, WIDTH = 192, 288  # downscaled: 85 x 128
-SQUARE = 64
 
 
 class SideEnv(gym.Env):
     """A red square on a gray screen, in its left or right half; the action names the half
     (0 left, 1 right) and a right guess pays 1. Episodes of 8 steps: the optimum is 8, a
     random policy 4. ``layout``: ``hwc`` (channels last), ``chw`` or ``hw`` (grayscale, the
-    square bright); ``entry``: the screen as entry ``"screen"`` of a Dict beside a vector."""
+    square bright); ``entry``: the screen as entry ``"screen"`` of a Dict beside a vector;
+    ``floats``: float32 pixels in [0, 1] (``255``: in [0, 255]); ``height``, ``width``: the
+    screen's size (the square is a third of the height)."""
 
     metadata: dict = {"render_modes": []}
 
-    def __init__(self, layout: str = "hwc", entry: bool = False, length: int = 8):
-        shape = {"hwc": (HEIGHT, WIDTH, 3), "chw": (3, HEIGHT, WIDTH), "hw": (HEIGHT, WIDTH)}
-        screen = spaces.Box(0, 255, shape[layout], np.uint8)
-        self.layout, self.entry, self.length = layout, entry, length
+    def __init__(
+        self,
+        layout: str = "hwc",
+        entry: bool = False,
+        length: int = 8,
+        floats: int | None = None,
+        height: int = HEIGHT,
+        width: int = WIDTH,
+    ):
+        h, w = height, width
+        shape = {"hwc": (h, w, 3), "chw": (3, h, w), "hw": (h, w)}
+        if floats is None:
+            screen = spaces.Box(0, 255, shape[layout], np.uint8)
+        else:
+            screen = spaces.Box(0.0, float(floats), shape[layout], np.float32)
+        self.layout, self.entry, self.length, self.floats = layout, entry, length, floats
+        self.height, self.width, self.square = h, w, max(2, h // 3)
         self.observation_space = (
             spaces.Dict({"screen": screen, "step": spaces.Box(0.0, 1.0, (1,), np.float32)})
             if entry
@@ -37,14 +51,17 @@ class SideEnv(gym.Env):
 
     def _obs(self) -> Any:
         self.side = int(self.np_random.integers(2))
-        image = np.full((HEIGHT, WIDTH, 3), 96, np.uint8)
-        top = int(self.np_random.integers(0, HEIGHT - SQUARE))
-        left = int(self.np_random.integers(0, WIDTH // 2 - SQUARE)) + self.side * WIDTH // 2
-        image[top : top + SQUARE, left : left + SQUARE] = (255, 0, 0)
+        h, w, square = self.height, self.width, self.square
+        image = np.full((h, w, 3), 96, np.uint8)
+        top = int(self.np_random.integers(0, h - square))
+        left = int(self.np_random.integers(0, w // 2 - square)) + self.side * w // 2
+        image[top : top + square, left : left + square] = (255, 0, 0)
         if self.layout == "chw":
             image = np.ascontiguousarray(np.moveaxis(image, -1, 0))
         elif self.layout == "hw":
             image = np.ascontiguousarray(image[..., 0])
+        if self.floats is not None:
+            image = image.astype(np.float32) * (self.floats / 255.0)
         if not self.entry:
             return image
         return {"screen": image, "step": np.array([self.t / self.length], np.float32)}
@@ -114,3 +131,13 @@ class TwoSeatSideEnv(StructuredEnv):
             reward[0] = float(int(action) == self.big.side)
         self.t += 1
         return self._obs(), reward, False, self.t >= self.length, {}
+
+
+def make_float_catch() -> gym.Env:
+    """The sample Catch with its frames as float32 pixels in [0, 1] (a camera an env
+    normalized), ``[40, 40, 3]``."""
+    from impala_rl.envs.samples import Catch
+
+    env = Catch()
+    space = spaces.Box(0.0, 1.0, env.observation_space.shape, np.float32)
+    return gym.wrappers.TransformObservation(env, lambda obs: obs.astype(np.float32) / 255.0, space)

@@ -1,4 +1,5 @@
-"""Images longer than ``env.max_image_side`` a side reach the model downscaled."""
+"""Images longer than ``env.max_image_side`` a side reach the model downscaled, and images of
+floats (``env.float_images``) as ``uint8`` images."""
 
 from __future__ import annotations
 
@@ -12,16 +13,19 @@ import impala_rl
 from impala_rl.config import ConfigError, config_from_dict, load_config, to_dict
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.images import (
-    DownscaledKeyImages,
-    ImageResizer,
+    ConvertedKeyImages,
+    ImageConverter,
+    ImageReading,
+    converted_images,
     downscale,
-    downscaled,
     downscaled_side,
+    float_image_scale,
 )
 from impala_rl.envs.structured import StructuredVectorEnv
 from impala_rl.envs.vector import NativeVectorEnv
 
 SMALL = (3, 85, 128)  # image_envs' 192 x 288 screen, channels first, downscaled to 128
+TO_128 = ImageReading(max_side=128)
 
 
 def _centres_mean(plane: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -87,7 +91,7 @@ def test_only_images_longer_than_the_limit_change():
     source = spaces.Dict(
         {"camera": big, "minimap": small, "pos": vector, "pair": spaces.Tuple([big, small])}
     )
-    resizer = ImageResizer(source, 128)
+    resizer = ImageConverter(source, TO_128)
     assert resizer.changes
     assert resizer.space["camera"].shape == (85, 128, 3)
     assert resizer.space["pair"][0].shape == (85, 128, 3)
@@ -98,10 +102,10 @@ def test_only_images_longer_than_the_limit_change():
     out = resizer(obs)
     assert out["camera"].shape == (85, 128, 3) and out["pair"][0].shape == (85, 128, 3)
     assert out["minimap"] is obs["minimap"] and out["pos"] is obs["pos"]
-    assert not ImageResizer(spaces.Dict({"minimap": small, "pos": vector}), 128).changes
+    assert not ImageConverter(spaces.Dict({"minimap": small, "pos": vector}), TO_128).changes
     plain = image_envs.SideEnv()
-    assert downscaled(plain, 288) is plain  # nothing longer: not wrapped
-    assert downscaled(plain, None) is plain
+    assert converted_images(plain, ImageReading(max_side=288)) is plain  # none longer
+    assert converted_images(plain, ImageReading()) is plain
 
 
 @pytest.mark.parametrize(
@@ -129,12 +133,13 @@ def test_a_frame_stack_of_large_images_is_downscaled_frame_by_frame():
     np.testing.assert_array_equal(obs[-3:], downscale(first, "hwc", 128).transpose(2, 0, 1))
 
 
-def test_the_default_is_128_and_a_config_saved_before_keeps_its_images_whole():
-    assert load_config("cartpole").env.max_image_side == 128
+def test_the_defaults_read_images_and_a_config_saved_before_keeps_them_as_it_did():
+    env = load_config("cartpole").env
+    assert env.max_image_side == 128 and env.float_images is True
     saved = to_dict(load_config("cartpole"))
-    del saved["env"]["max_image_side"]
-    assert config_from_dict(saved).env.max_image_side is None
-    assert EnvFactory.of(config_from_dict(saved).env).max_image_side is None
+    del saved["env"]["max_image_side"], saved["env"]["float_images"]
+    old = EnvFactory.of(config_from_dict(saved).env)
+    assert old.max_image_side is None and old.float_images is False
 
 
 def test_an_impossible_limit_is_refused_naming_the_field():
@@ -146,7 +151,7 @@ def test_an_impossible_limit_is_refused_naming_the_field():
 def test_a_structured_env_downscales_each_step_keys_images():
     factory = EnvFactory("image_envs:TwoSeatSideEnv", {}, max_image_side=128)
     env = factory()
-    assert isinstance(env, DownscaledKeyImages)
+    assert isinstance(env, ConvertedKeyImages)
     assert env.observation_spaces[0]["screen"].shape == (85, 128, 3)
     assert env.observation_spaces[1].shape == (40, 40, 3)  # small: as it is
     vec = StructuredVectorEnv([factory] * 2)
@@ -164,8 +169,8 @@ def test_a_native_vector_env_downscales_its_rows():
     envs = gym.vector.SyncVectorEnv(
         [image_envs.make_env] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
-    assert NativeVectorEnv.needed(envs, 128)
-    vec = NativeVectorEnv(envs, max_image_side=128)
+    assert NativeVectorEnv.needed(envs, TO_128)
+    vec = NativeVectorEnv(envs, images=TO_128)
     assert vec.single_observation_space.shape == SMALL
     obs, _ = vec.reset(seed=0)
     assert obs.shape == (2, *SMALL)
@@ -223,3 +228,77 @@ def test_a_structured_env_with_a_large_image_runs_in_actor_processes(tmp_path):
     env = image_envs.TwoSeatSideEnv()
     obs, _ = env.reset(seed=0)  # step key 0's full-size screen
     assert int(policy.act(obs, step_key=0)) in (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("space", "scale"),
+    [
+        (spaces.Box(0.0, 1.0, (40, 40, 3), np.float32), 255.0),
+        (spaces.Box(0.0, 255.0, (3, 40, 40), np.float64), 1.0),
+        (spaces.Box(0.0, 1.0, (64, 48), np.float32), 255.0),
+        (spaces.Box(0.0, 1.0, (4, 40, 40, 1), np.float32), 255.0),
+        (spaces.Box(-1.0, 1.0, (40, 40, 3), np.float32), None),  # not pixels' bounds
+        (spaces.Box(0.0, 1.0, (40, 40, 8), np.float32), None),  # 8 channels: features
+        (spaces.Box(0.0, 1.0, (5, 40, 3), np.float32), None),  # 5 pixels a side
+        (spaces.Box(0.0, 1.0, (300,), np.float32), None),
+        (spaces.Box(0, 1, (40, 40, 3), np.int64), None),
+    ],
+)
+def test_a_float_image_is_told_by_its_shape_and_bounds(space, scale):
+    assert float_image_scale(space) == scale
+
+
+def test_a_float_image_becomes_the_uint8_image_of_its_pixels():
+    source = spaces.Dict(
+        {
+            "camera": spaces.Box(0.0, 1.0, (40, 40, 3), np.float32),
+            "depth": spaces.Box(0.0, 255.0, (40, 40), np.float32),
+            "pos": spaces.Box(0.0, 1.0, (3,), np.float32),
+        }
+    )
+    converter = ImageConverter(source, ImageReading(floats=True))
+    assert converter.space["camera"] == spaces.Box(0, 255, (40, 40, 3), np.uint8)
+    assert converter.space["depth"] == spaces.Box(0, 255, (40, 40), np.uint8)
+    assert converter.space["pos"] is source["pos"]
+    obs = source.sample()
+    out = converter(obs)
+    np.testing.assert_array_equal(
+        out["camera"], np.clip(np.rint(obs["camera"] * 255), 0, 255).astype(np.uint8)
+    )
+    np.testing.assert_array_equal(out["depth"], np.rint(obs["depth"]).astype(np.uint8))
+    again = converter({**obs, "camera": out["camera"], "depth": out["depth"]})
+    np.testing.assert_array_equal(again["camera"], out["camera"])  # converted: as it is
+    assert not ImageConverter(source, ImageReading()).changes  # floats not asked for
+
+
+def test_a_large_float_image_is_converted_then_downscaled():
+    env = EnvFactory("image_envs:make_env", {"floats": 1}, max_image_side=128, float_images=True)()
+    assert env.observation_space == spaces.Box(0, 255, SMALL, np.uint8)
+    obs, _ = env.reset(seed=0)
+    as_uint8 = image_envs.SideEnv()
+    first, _ = as_uint8.reset(seed=0)
+    np.testing.assert_array_equal(obs, downscale(first, "hwc", 128).transpose(2, 0, 1))
+
+
+def test_float_frames_train_a_cnn_and_the_policy_takes_them(tmp_path):
+    """Catch's frames as floats in [0, 1] are read by the Nature CNN (PPO's Atari reuse), as
+    its uint8 frames are; the saved policy acts on the float frames."""
+    run_dir = tmp_path / "run"
+    summary = impala_rl.train(
+        None,
+        [
+            "env.id=image_envs:make_float_catch",
+            "max_env_steps=2048",
+            "log.console=false",
+            "log.tensorboard=false",
+        ],
+        run_dir=run_dir,
+    )
+    assert summary["stopped_because"] == "max_env_steps", summary
+    policy = impala_rl.load_policy(run_dir)
+    assert type(policy.model.policies["0"].torso).__name__ == "NatureCNN"
+    assert policy.config.algorithm.num_passes == 4  # PPO's Atari reuse, as for an image
+    env = image_envs.make_float_catch()
+    obs, _ = env.reset(seed=0)
+    assert obs.dtype == np.float32
+    assert int(policy.act(obs)) in (0, 1, 2)

@@ -86,7 +86,14 @@ def test_a_negative_seed_is_refused_by_name(capsys, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "override", ["model.hidden_sizes=[32]", "env.id=Acrobot-v1", "model.activation=relu"]
+    "override",
+    [
+        "model.hidden_sizes=[32]",
+        "env.id=Acrobot-v1",
+        "model.activation=relu",
+        "env.max_image_side=64",
+        "env.float_images=false",
+    ],
 )
 def test_resume_refuses_an_override_the_saved_weights_cannot_follow(override, tmp_path, capsys):
     impala_rl.train("cartpole", FAST, run_dir=tmp_path)

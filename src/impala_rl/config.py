@@ -290,6 +290,12 @@ class EnvConfig:
     :mod:`impala_rl.envs.images`): a frame rendered at screen size (400x600 becomes 85x128)
     would give the Nature CNN ~10^8 weights. ``null``: images as the env gives them (runs
     saved before this setting)."""
+    float_images: bool = True
+    """A float ``Box`` shaped as an image (2-4 dimensions, at most 4 channels first or last, 8
+    or more pixels a side) with bounds ``[0, 1]`` or ``[0, 255]`` throughout (a camera the env
+    normalized) is read as an image: converted to the ``uint8`` image of the same pixels and
+    read by a CNN. ``false``: flattened into the MLP's inputs (runs saved before this
+    setting)."""
 
 
 @dataclass
@@ -723,10 +729,15 @@ def config_from_dict(data: dict) -> RunConfig:
 
     A config saved before a setting existed gets the behaviour it was trained with:
     ``model.dict_vectors=per_entry``, ``model.read_text=false``, ``env.action_mask=false``,
-    ``env.observation_entries=false``, ``env.max_image_side=null``."""
+    ``env.observation_entries=false``, ``env.max_image_side=null``, ``env.float_images=false``."""
     earlier = {
         "model": {"dict_vectors": "per_entry", "read_text": False},
-        "env": {"action_mask": False, "observation_entries": False, "max_image_side": None},
+        "env": {
+            "action_mask": False,
+            "observation_entries": False,
+            "max_image_side": None,
+            "float_images": False,
+        },
     }
     for section, settings in earlier.items():
         saved = data.get(section)

@@ -48,10 +48,20 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> 
 RESUMABLE_MODEL_KEYS = ("model.precision", "model.channels_last", "model.init", "model.popart_beta")
 """``model`` settings a resume may change: how the saved weights compute, not their shapes."""
 
+FIXED_ENV_KEYS = (
+    "env.id",
+    "env.frame_stack",
+    "env.max_image_side",
+    "env.float_images",
+    "env.observation_entries",
+    "env.action_mask",
+)
+"""``env`` settings that shape what the model reads: a resume keeps the saved run's."""
+
 
 def check_resumable(saved: RunConfig, cfg: RunConfig, overrides: list[str]) -> None:
     """Refuse overrides on resume that the saved weights cannot follow, naming the key: another
-    env (``env.id``, ``env.frame_stack``) or another model (``model.*`` but
+    env or reading of it (:data:`FIXED_ENV_KEYS`) or another model (``model.*`` but
     :data:`RESUMABLE_MODEL_KEYS`). An ``env.kwargs`` override that changes the env's spaces is
     refused when the weights are loaded."""
     from impala_rl.config import ConfigError, flat_dict
@@ -59,7 +69,7 @@ def check_resumable(saved: RunConfig, cfg: RunConfig, overrides: list[str]) -> N
     old, new = flat_dict(to_dict(saved)), flat_dict(to_dict(cfg))
     for item in overrides:
         key = item.split("=", 1)[0].strip().lstrip("+")
-        fixed = key in ("env.id", "env.frame_stack")
+        fixed = key in FIXED_ENV_KEYS
         fixed |= key.startswith("model.") and key not in RESUMABLE_MODEL_KEYS
         changed = [k for k in new if (k == key or k.startswith(f"{key}.")) and new[k] != old.get(k)]
         changed += [k for k in old if k.startswith(f"{key}.") and k not in new]
@@ -91,26 +101,26 @@ class Policy:
         self._acting = LocalActing(self.model)
         self._streams: DecisionStreams | None = None
         from impala_rl.envs.factory import ModelObservation
-        from impala_rl.envs.images import DownscaledImages, DownscaledKeyImages
+        from impala_rl.envs.images import ConvertedImages, ConvertedKeyImages
         from impala_rl.envs.structured import KeyObservation
 
         built = env is None
         env = env_factory() if built else env
         self._key_observations = None
         self._n_agents = 1
-        self._downscaled_key = None  # a structured env's raw observation, downscaled
+        self._key_images = None  # a structured env's raw images as the model reads them
         if is_structured(env):
             self._key_observations = {
                 k: KeyObservation(s, k) for k, s in env.observation_spaces.items()
             }
             self._n_agents = int(env.n_agents)
-            if isinstance(env, DownscaledKeyImages):
-                self._downscaled_key = env.observation_of
+            if isinstance(env, ConvertedKeyImages):
+                self._key_images = env.observation_of
         convert = env.observation if isinstance(env, ModelObservation) else None
         inner = env.env if convert is not None else env
-        resize = inner.observation if isinstance(inner, DownscaledImages) else None
-        self._raw_space = (inner.env if resize is not None else inner).observation_space
-        self._to_model = _composed(resize, convert)
+        images = inner.observation if isinstance(inner, ConvertedImages) else None
+        self._raw_space = (inner.env if images is not None else inner).observation_space
+        self._to_model = _composed(images, convert)
         if built:
             env.close()
 
@@ -135,8 +145,8 @@ class Policy:
             step_key = self._step_key(step_key)
             if not 0 <= agent_id < self._n_agents:
                 raise ValueError(f"agent_id={agent_id!r} is not one of 0..{self._n_agents - 1}")
-            if self._downscaled_key is not None:  # a downscaled one passes unchanged
-                obs = self._downscaled_key(step_key, obs)
+            if self._key_images is not None:
+                obs = self._key_images(step_key, obs)
             x, mask = self._key_observations[step_key](obs)
             x = map_obs(as_obs(x), lambda t: t.unsqueeze(0))
             mask = None if mask is None else torch.as_tensor(mask).unsqueeze(0)

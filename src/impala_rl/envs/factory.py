@@ -33,7 +33,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from impala_rl.envs.images import downscaled
+from impala_rl.envs.images import ImageReading, converted_images
 from impala_rl.envs.spaces import (
     EnvError,
     ModelObservation,
@@ -155,6 +155,7 @@ class EnvFactory:
         action_mask: bool = True,
         entries: bool = True,
         max_image_side: int | None = None,
+        float_images: bool = False,
     ):
         self.env_id = env_id
         self.kwargs = dict(kwargs or {})
@@ -164,6 +165,7 @@ class EnvFactory:
         self.action_mask = bool(action_mask)  # a plain env's action_mask entry masks
         self.entries = bool(entries)  # a Tuple with an image or text, a text: as entries
         self.max_image_side = max_image_side  # larger images downscaled (None: as they are)
+        self.float_images = bool(float_images)  # a float image read as a uint8 one
         self.check_env = False  # Gymnasium's env checker: only on the probe, off the hot path
         self.structured: bool | None = None  # known once an env was built (travels pickled)
 
@@ -179,6 +181,7 @@ class EnvFactory:
             env_cfg.action_mask,
             env_cfg.observation_entries,
             env_cfg.max_image_side,
+            env_cfg.float_images,
         )
 
     def __call__(self) -> gym.Env:
@@ -214,7 +217,7 @@ class EnvFactory:
                     f"env.max_episode_steps is not supported for the structured env "
                     f"{self.env_id!r}; valid: null (end episodes inside the env)"
                 )
-            return downscaled(env, self.max_image_side)
+            return converted_images(env, self.images)
         if self.max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env, self.max_episode_steps)
         if self.action_mask and has_action_mask(env.observation_space):
@@ -224,14 +227,19 @@ class EnvFactory:
                     "with its observations; valid: 1, or env.action_mask=false"
                 )
             self.structured = True  # one key: the structured vector env applies the mask
-            return downscaled(MaskedActionsEnv(env), self.max_image_side)
+            return converted_images(MaskedActionsEnv(env), self.images)
         if self.frame_stack > 1:
             env = gym.wrappers.FrameStackObservation(env, self.frame_stack)
-        env = downscaled(env, self.max_image_side)  # right under the model's form (Policy)
+        env = converted_images(env, self.images)  # right under the model's form (Policy)
         space = env.observation_space
         if not keeps_structure(space, self.entries) and model_observation_space(space) is space:
             return env
         return ModelObservation(env, self.entries)
+
+    @property
+    def images(self) -> ImageReading:
+        """How the env's images reach the model (``env.max_image_side``, ``env.float_images``)."""
+        return ImageReading(self.max_image_side, self.float_images)
 
     def make_vector(self, num_envs: int) -> Any:
         """A native vector env of ``num_envs`` copies when the env's callable offers one (a
@@ -264,8 +272,8 @@ class EnvFactory:
             if make is None:
                 return None
             envs = make(num_envs, **self.kwargs)
-            if envs is not None and NativeVectorEnv.needed(envs, self.max_image_side):
-                envs = NativeVectorEnv(envs, max_image_side=self.max_image_side)
+            if envs is not None and NativeVectorEnv.needed(envs, self.images):
+                envs = NativeVectorEnv(envs, images=self.images)
         if envs is not None and self.max_episode_steps is not None:
             envs.close()
             raise EnvError(
@@ -330,6 +338,7 @@ class EnvFactory:
                     self.action_mask,
                     self.entries,
                     self.max_image_side,
+                    self.float_images,
                 )
                 rates[name] = max(rates[name], rate(candidate, AUTO_TIMING_S))
         self.vector = max(rates, key=rates.__getitem__)

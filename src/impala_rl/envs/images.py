@@ -1,17 +1,25 @@
-"""Large images downscaled before they reach the model (``env.max_image_side``).
+"""Images as the model reads them: large ones downscaled, float ones as ``uint8``.
 
 A frame rendered at screen size (Gymnasium's ``AddRenderObservation`` of CartPole: 400x600,
 PettingZoo's butterfly games: 280x480 and larger) read whole by the Nature CNN gives a first
 dense layer of ~10^8 weights, and every batch of them hundreds of megabytes: a run of a few
-steps a second. An image whose longer side exceeds ``max_side`` is averaged down (Pillow's box
-filter: each pixel the mean of the source pixels whose centres it covers), keeping its aspect
-ratio, until that side is ``max_side`` long, in the env's own layout
-(:func:`~impala_rl.envs.spaces.image_layout`; a stack of frames frame by frame), before
-anything else reads it. Every other observation, and every smaller image, passes unchanged.
+steps a second. An image whose longer side exceeds ``max_side`` (``env.max_image_side``) is
+averaged down (Pillow's box filter: each pixel the mean of the source pixels whose centres it
+covers), keeping its aspect ratio, until that side is ``max_side`` long, in the env's own
+layout (:func:`~impala_rl.envs.spaces.image_layout`; a stack of frames frame by frame).
+
+An image of floats (``env.float_images``: a float ``Box`` shaped as an image, bounds ``[0, 1]``
+or ``[0, 255]`` throughout, as a camera normalized by the env) becomes the ``uint8`` image of
+the same pixels (``x * 255`` or ``x``, rounded), so it is read by a CNN, as an image is, and
+stored in a quarter of the memory; flattened, it would be an MLP's 10^4-10^5 inputs.
+
+Both happen before anything else reads the observation. Every other observation, and every
+``uint8`` image within the size, passes unchanged.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -19,11 +27,13 @@ import numpy as np
 from gymnasium import spaces
 from PIL import Image
 
-from impala_rl.envs.spaces import image_layout
+from impala_rl.envs.spaces import MIN_IMAGE_SIDE, image_layout, shape_layout
 from impala_rl.envs.structured import ActorID, StructuredEnv
 
 _SIDES = {"hw": (0, 1), "hwc": (0, 1), "chw": (1, 2), "nhwc": (1, 2), "nchw": (2, 3)}
 """Where the height and width of an image of each layout are."""
+
+_CHANNELS = {"hwc": 2, "chw": 0, "nhwc": 3, "nchw": 1}
 
 
 def downscaled_side(height: int, width: int, max_side: int) -> tuple[int, int]:
@@ -36,16 +46,60 @@ def downscaled_side(height: int, width: int, max_side: int) -> tuple[int, int]:
     return max(1, round(height * scale)), max(1, round(width * scale))
 
 
-class ImageResizer:
-    """Downscales the images of one observation space, at any depth of a ``Dict`` or ``Tuple``
-    (``space``: the space it makes; ``changes``: whether any image is downscaled). Called on
-    an observation of ``source``, it returns one of ``space``."""
+@dataclass(frozen=True)
+class ImageReading:
+    """How images reach the model: ``max_side`` (``None``: any size) and whether a float
+    image becomes a ``uint8`` one (``floats``)."""
 
-    def __init__(self, source: spaces.Space, max_side: int):
+    max_side: int | None = None
+    floats: bool = False
+
+    def converter(self, source: spaces.Space) -> ImageConverter | None:
+        """The converter of ``source``'s observations, or ``None`` where nothing changes."""
+        converter = ImageConverter(source, self)
+        return converter if converter.changes else None
+
+
+def float_image_scale(space: spaces.Space) -> float | None:
+    """What turns a float image's pixels into ``uint8`` ones: ``255.0`` for bounds ``[0, 1]``,
+    ``1.0`` for ``[0, 255]``; ``None``: not a float image (another dtype or bounds, or not
+    shaped as an image: at most 4 channels, first or last, and at least
+    :data:`~impala_rl.envs.spaces.MIN_IMAGE_SIDE` pixels a side)."""
+    if not isinstance(space, spaces.Box) or np.dtype(space.dtype).kind != "f":
+        return None
+    layout = shape_layout(space.shape)
+    if layout is None:
+        return None
+    h_axis, w_axis = _SIDES[layout]
+    if min(space.shape[h_axis], space.shape[w_axis]) < MIN_IMAGE_SIDE:
+        return None
+    if layout in _CHANNELS and space.shape[_CHANNELS[layout]] > 4:
+        return None
+    if not np.all(space.low == 0):
+        return None
+    if np.all(space.high == 1):
+        return 255.0
+    return 1.0 if np.all(space.high == 255) else None
+
+
+class ImageConverter:
+    """The images of one observation space, at any depth of a ``Dict`` or ``Tuple``, as an
+    :class:`ImageReading` has them (``space``: the space it makes; ``changes``: whether any
+    image changes). Called on an observation of ``source``, it returns one of ``space``."""
+
+    def __init__(self, source: spaces.Space, reading: ImageReading):
         self.source = source
-        self.max_side = int(max_side)
+        self.reading = reading
         self.space = self._space(source)
         self.changes = self.space is not source
+
+    def _leaf(self, space: spaces.Space) -> tuple[str, float | None] | None:
+        """An image leaf's layout and float scale (``None``: ``uint8``); ``None``: no image."""
+        layout = image_layout(space)
+        if layout is not None:
+            return layout, None
+        scale = float_image_scale(space) if self.reading.floats else None
+        return None if scale is None else (shape_layout(space.shape), scale)  # type: ignore[return-value]
 
     def _space(self, space: spaces.Space) -> spaces.Space:
         if isinstance(space, spaces.Dict):
@@ -56,30 +110,41 @@ class ImageResizer:
             parts = [self._space(s) for s in space.spaces]
             same = all(p is s for p, s in zip(parts, space.spaces, strict=True))
             return space if same else spaces.Tuple(parts)
-        layout = image_layout(space)
-        if layout is None:
+        leaf = self._leaf(space)
+        if leaf is None:
             return space
-        h_axis, w_axis = _SIDES[layout]
+        layout, scale = leaf
         shape = list(space.shape)
-        size = downscaled_side(shape[h_axis], shape[w_axis], self.max_side)
-        if size == (shape[h_axis], shape[w_axis]):
+        if self.reading.max_side is not None:
+            h_axis, w_axis = _SIDES[layout]
+            size = downscaled_side(shape[h_axis], shape[w_axis], self.reading.max_side)
+            shape[h_axis], shape[w_axis] = size
+        if scale is None and tuple(shape) == space.shape:
             return space
-        shape[h_axis], shape[w_axis] = size
-        low, high = int(np.min(space.low)), int(np.max(space.high))
-        return spaces.Box(low, high, tuple(shape), dtype=np.uint8)
+        low, high = (0, 255) if scale is not None else (np.min(space.low), np.max(space.high))
+        return spaces.Box(int(low), int(high), tuple(shape), dtype=np.uint8)
 
     def __call__(self, observation: Any) -> Any:
-        return observation if not self.changes else self._resize(self.source, observation)
+        return observation if not self.changes else self._convert(self.source, observation)
 
-    def _resize(self, space: spaces.Space, value: Any) -> Any:
+    def _convert(self, space: spaces.Space, value: Any) -> Any:
         if isinstance(space, spaces.Dict):
-            return {k: self._resize(s, value[k]) for k, s in space.spaces.items()}
+            return {k: self._convert(s, value[k]) for k, s in space.spaces.items()}
         if isinstance(space, spaces.Tuple):
-            return tuple(self._resize(s, v) for s, v in zip(space.spaces, value, strict=True))
-        layout = image_layout(space)
-        if layout is None:
+            return tuple(self._convert(s, v) for s, v in zip(space.spaces, value, strict=True))
+        leaf = self._leaf(space)
+        if leaf is None:
             return value
-        return downscale(np.asarray(value, dtype=np.uint8), layout, self.max_side)
+        layout, scale = leaf
+        value = np.asarray(value)
+        if scale is None or value.dtype == np.uint8:  # uint8, or a float image converted already
+            image = value.astype(np.uint8, copy=False)
+        else:
+            pixels = np.rint(value.astype(np.float32, copy=False) * np.float32(scale))
+            image = np.clip(pixels, 0, 255).astype(np.uint8)
+        if self.reading.max_side is None:
+            return image
+        return downscale(image, layout, self.reading.max_side)
 
 
 def downscale(image: np.ndarray, layout: str, max_side: int) -> np.ndarray:
@@ -99,34 +164,35 @@ def downscale(image: np.ndarray, layout: str, max_side: int) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(out.reshape(*lead, *size), (-2, -1), (h_axis, w_axis)))
 
 
-class DownscaledImages(gym.ObservationWrapper):
-    """A plain env whose observation holds an image larger than ``max_side`` a side, with it
-    downscaled (:class:`ImageResizer`)."""
+class ConvertedImages(gym.ObservationWrapper):
+    """A plain env whose images are read as ``reading`` says (:class:`ImageConverter`)."""
 
-    def __init__(self, env: gym.Env, max_side: int):
+    def __init__(self, env: gym.Env, reading: ImageReading):
         super().__init__(env)
-        self.resizer = ImageResizer(env.observation_space, max_side)
-        self.observation_space = self.resizer.space
+        self.converter = ImageConverter(env.observation_space, reading)
+        self.observation_space = self.converter.space
 
     def observation(self, observation: Any) -> Any:
-        return self.resizer(observation)
+        return self.converter(observation)
 
 
-class DownscaledKeyImages(gym.Wrapper, StructuredEnv):
-    """A structured env with each step key's large images downscaled (:class:`ImageResizer`
-    per key): who acts decides which key's observation a step returns."""
+class ConvertedKeyImages(gym.Wrapper, StructuredEnv):
+    """A structured env whose step keys' images are read as ``reading`` says
+    (:class:`ImageConverter` per key): who acts decides which key's observation a step
+    returns."""
 
-    def __init__(self, env: StructuredEnv, max_side: int):
+    def __init__(self, env: StructuredEnv, reading: ImageReading):
         super().__init__(env)
-        self.resizers = {k: ImageResizer(s, max_side) for k, s in env.observation_spaces.items()}
-        self.observation_spaces = {k: r.space for k, r in self.resizers.items()}
+        self.converters = {k: ImageConverter(s, reading) for k, s in env.observation_spaces.items()}
+        self.observation_spaces = {k: c.space for k, c in self.converters.items()}
         self.action_spaces = dict(env.action_spaces)
         self.observation_space = self.observation_spaces[min(self.observation_spaces)]
         self.n_agents = int(env.n_agents)
 
     def observation_of(self, step_key: int, observation: Any) -> Any:
-        """A raw observation of ``step_key`` with its images downscaled."""
-        return self.resizers[step_key](observation)
+        """A raw observation of ``step_key`` with its images converted (an observation
+        converted already passes unchanged)."""
+        return self.converters[step_key](observation)
 
     def _next(self, observation: Any) -> Any:
         return self.observation_of(self.env.actor_id().step_key, observation)
@@ -136,7 +202,7 @@ class DownscaledKeyImages(gym.Wrapper, StructuredEnv):
         return self._next(observation), info
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict]:
-        """The next actor's observation downscaled; at an episode's end it is passed as it is
+        """The next actor's observation converted; at an episode's end it is passed as it is
         (nobody acts next: a final observation comes from :meth:`final_observation`)."""
         observation, reward, terminated, truncated, info = self.env.step(action)
         if not (terminated or truncated):
@@ -157,15 +223,12 @@ class DownscaledKeyImages(gym.Wrapper, StructuredEnv):
         return step_key, self.observation_of(step_key, observation)
 
 
-def downscaled(env: gym.Env, max_side: int | None) -> gym.Env:
-    """``env`` with its images downscaled to ``max_side`` a side at most, wrapped only where
-    one is larger (``None``: as it is)."""
-    if max_side is None:
-        return env
+def converted_images(env: gym.Env, reading: ImageReading) -> gym.Env:
+    """``env`` with its images read as ``reading`` says, wrapped only where one changes."""
     if isinstance(env, StructuredEnv):
-        wrapped = DownscaledKeyImages(env, max_side)  # type: ignore[arg-type]
-        changes = any(r.changes for r in wrapped.resizers.values())
+        wrapped = ConvertedKeyImages(env, reading)  # type: ignore[arg-type]
+        changes = any(c.changes for c in wrapped.converters.values())
         return wrapped if changes else env
-    if not ImageResizer(env.observation_space, max_side).changes:
+    if not ImageConverter(env.observation_space, reading).changes:
         return env
-    return DownscaledImages(env, max_side)
+    return ConvertedImages(env, reading)

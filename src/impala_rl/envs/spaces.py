@@ -43,7 +43,11 @@ def image_layout(space: spaces.Space) -> str | None:
     ``"nchw"`` (a stack of frames), ``"hw"`` (one grayscale frame); ``None``: not an image."""
     if not isinstance(space, spaces.Box) or space.dtype != np.uint8:
         return None
-    shape = space.shape
+    return shape_layout(space.shape)
+
+
+def shape_layout(shape: tuple[int, ...]) -> str | None:
+    """The :func:`image_layout` that an image of ``shape`` would have (whatever its dtype)."""
 
     def channels_last(c: int, h: int, w: int) -> bool:
         return c <= 4 and c < min(h, w)

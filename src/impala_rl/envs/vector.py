@@ -21,7 +21,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array
 
-from impala_rl.envs.images import ImageResizer
+from impala_rl.envs.images import ImageReading
 from impala_rl.envs.spaces import EnvError, ObservationConverter, is_composite
 
 
@@ -110,18 +110,19 @@ class NativeVectorEnv:
     reset on the same step, the reset step would be recorded as a decision. Here an env whose
     episode ended is reset at once (``reset(options={"reset_mask": ended})``), its final
     observation kept in ``info["final_obs"]``. Observations that the model takes in another
-    form (a channels-last image, a Dict's entries, an image longer than ``max_image_side``
-    a side: :mod:`~impala_rl.envs.images`) are converted row by row, unless ``model_form``
-    says the envs already give that form (the factory's own envs in processes).
+    form (a channels-last image, a Dict's entries, an image longer than ``images.max_side``
+    a side or of floats: :mod:`~impala_rl.envs.images`) are converted row by row, unless
+    ``model_form`` says the envs already give that form (the factory's own envs in
+    processes).
     A ``Tuple`` or ``Dict`` action comes from the actor loop as one per row and goes to the
     vector env batched, as Gymnasium's vector envs take it.
     """
 
-    def __init__(self, envs: Any, model_form: bool = False, max_image_side: int | None = None):
+    def __init__(self, envs: Any, model_form: bool = False, images: ImageReading | None = None):
         self.envs = envs
         self.num_envs = envs.num_envs
         self.reset_here = _resets_later(envs)
-        self._convert = _RowConverter(envs.single_observation_space, max_image_side)
+        self._convert = _RowConverter(envs.single_observation_space, images)
         self._same_form = model_form or self._convert.identity
         self.single_observation_space = (
             envs.single_observation_space if model_form else self._convert.space
@@ -131,11 +132,11 @@ class NativeVectorEnv:
         self._tuple = isinstance(envs.single_observation_space, gym.spaces.Tuple)
 
     @staticmethod
-    def needed(envs: Any, max_image_side: int | None = None) -> bool:
+    def needed(envs: Any, images: ImageReading | None = None) -> bool:
         """Whether ``envs`` resets on another step than the one that ends an episode,
         observes in another form than the model's, or takes a Tuple or Dict action (the actor
         loop gives one per row)."""
-        identity = _RowConverter(envs.single_observation_space, max_image_side).identity
+        identity = _RowConverter(envs.single_observation_space, images).identity
         return _resets_later(envs) or not identity or is_composite(envs.single_action_space)
 
     def _model_form(self, obs: Any) -> Any:
@@ -175,21 +176,20 @@ class NativeVectorEnv:
 
 
 class _RowConverter:
-    """One row's observation in the model's form: its large images downscaled
-    (:class:`~impala_rl.envs.images.ImageResizer`, ``max_image_side``), then converted
+    """One row's observation in the model's form: its images as ``images`` reads them
+    (:class:`~impala_rl.envs.images.ImageConverter`), then converted
     (:class:`~impala_rl.envs.spaces.ObservationConverter`)."""
 
-    def __init__(self, source: gym.Space, max_image_side: int | None):
-        self._resize = None if max_image_side is None else ImageResizer(source, max_image_side)
-        if self._resize is not None and not self._resize.changes:
-            self._resize = None
-        self._convert = ObservationConverter(source if self._resize is None else self._resize.space)
+    def __init__(self, source: gym.Space, images: ImageReading | None):
+        self._images = None if images is None else images.converter(source)
+        read = source if self._images is None else self._images.space
+        self._convert = ObservationConverter(read)
         self.space = self._convert.space
-        self.identity = self._resize is None and self._convert.identity
+        self.identity = self._images is None and self._convert.identity
 
     def __call__(self, observation: Any) -> Any:
-        if self._resize is not None:
-            observation = self._resize(observation)
+        if self._images is not None:
+            observation = self._images(observation)
         return self._convert(observation)
 
 
