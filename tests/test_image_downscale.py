@@ -3,6 +3,8 @@ floats (``env.float_images``) as ``uint8`` images."""
 
 from __future__ import annotations
 
+import logging
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -302,3 +304,23 @@ def test_float_frames_train_a_cnn_and_the_policy_takes_them(tmp_path):
     obs, _ = env.reset(seed=0)
     assert obs.dtype == np.float32
     assert int(policy.act(obs)) in (0, 1, 2)
+
+
+def test_the_start_up_says_which_images_the_model_reads_changed(caplog):
+    from impala_rl.envs.factory import make_env_factory
+
+    caplog.set_level(logging.INFO, logger="impala_rl.envs.factory")
+    cases = {
+        "env.id=image_envs:make_env": "the observation 192x288x3 -> 85x128x3",
+        "env.id=image_envs:make_float_catch": "the observation float 40x40x3 as uint8",
+        "env.id=image_envs:TwoSeatSideEnv": "step key 0: 'screen' 192x288x3 -> 85x128x3",
+    }
+    for override, phrase in cases.items():
+        caplog.clear()
+        make_env_factory(load_config(None, [override]).env)
+        assert phrase in caplog.text, caplog.text
+    caplog.clear()
+    make_env_factory(
+        load_config(None, ["env.id=image_envs:make_env", "env.max_image_side=null"]).env
+    )
+    assert "the model reads" not in caplog.text

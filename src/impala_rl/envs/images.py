@@ -164,6 +164,28 @@ def downscale(image: np.ndarray, layout: str, max_side: int) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(out.reshape(*lead, *size), (-2, -1), (h_axis, w_axis)))
 
 
+def conversions(source: spaces.Space, converted: spaces.Space, path: str = "") -> list[str]:
+    """What an :class:`ImageConverter` changes, one phrase per image (``"'camera' 400x600x3 ->
+    85x128x3"``, ``"the observation float 40x40x3 -> uint8"``), for the start-up log."""
+    if converted is source:
+        return []
+    if isinstance(source, (spaces.Dict, spaces.Tuple)):
+        keys = source.spaces.keys() if isinstance(source, spaces.Dict) else range(len(source))
+        return [
+            phrase
+            for k in keys
+            for phrase in conversions(
+                source.spaces[k], converted.spaces[k], f"{path}/{k}" if path else str(k)
+            )
+        ]
+    where = f"{path!r}" if path else "the observation"
+    floats = "float " if source.dtype != np.uint8 else ""
+    shape_in = "x".join(map(str, source.shape))
+    shape_out = "x".join(map(str, converted.shape))
+    change = f"{shape_in} -> {shape_out}" if shape_in != shape_out else shape_in
+    return [f"{where} {floats}{change}{' as uint8' if floats else ''}"]
+
+
 class ConvertedImages(gym.ObservationWrapper):
     """A plain env whose images are read as ``reading`` says (:class:`ImageConverter`)."""
 
