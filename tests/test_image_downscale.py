@@ -25,9 +25,19 @@ from impala_rl.envs.images import (
 )
 from impala_rl.envs.structured import StructuredVectorEnv
 from impala_rl.envs.vector import NativeVectorEnv
+from impala_rl.policy import Policy
 
 SMALL = (3, 85, 128)  # image_envs' 192 x 288 screen, channels first, downscaled to 128
 TO_128 = ImageReading(max_side=128)
+
+
+def _trained(tmp_path, *overrides: str) -> tuple[Policy, dict]:
+    """A quiet run of ``overrides`` to its env-step budget; its saved policy."""
+    run_dir = tmp_path / "run"
+    quiet = ["log.console=false", "log.tensorboard=false"]
+    summary = impala_rl.train(None, [*overrides, *quiet], run_dir=run_dir)
+    assert summary["stopped_because"] == "max_env_steps", summary
+    return impala_rl.load_policy(run_dir), summary
 
 
 def _centres_mean(plane: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -185,21 +195,10 @@ def test_a_large_image_env_learns_and_its_policy_acts_on_full_size_frames(tmp_pa
     """The red square's half of a 192 x 288 screen, read at 85 x 128: 12k env steps evaluate
     at 7.5 or more of 8 (seed 0: 8.0 by 15k env steps; a random policy 4), and the saved
     policy, given the env's own full-size frames, names the half on >= 95% of them."""
-    run_dir = tmp_path / "run"
-    summary = impala_rl.train(
-        None,
-        [
-            "env.id=image_envs:make_env",
-            "max_env_steps=12288",
-            "algorithm.epoch_length=4",
-            "log.console=false",
-            "log.tensorboard=false",
-        ],
-        run_dir=run_dir,
+    policy, summary = _trained(
+        tmp_path, "env.id=image_envs:make_env", "max_env_steps=12288", "algorithm.epoch_length=4"
     )
-    assert summary["stopped_because"] == "max_env_steps", summary
     assert summary["best_eval_return"] >= 7.5, summary
-    policy = impala_rl.load_policy(run_dir)
     env = image_envs.SideEnv()
     obs, _ = env.reset(seed=123)
     right = 0
@@ -213,20 +212,12 @@ def test_a_large_image_env_learns_and_its_policy_acts_on_full_size_frames(tmp_pa
 
 
 def test_a_structured_env_with_a_large_image_runs_in_actor_processes(tmp_path):
-    run_dir = tmp_path / "run"
-    summary = impala_rl.train(
-        None,
-        [
-            "env.id=image_envs:TwoSeatSideEnv",
-            "runner.backend=subprocess",
-            "max_env_steps=2048",
-            "log.console=false",
-            "log.tensorboard=false",
-        ],
-        run_dir=run_dir,
+    policy, _ = _trained(
+        tmp_path,
+        "env.id=image_envs:TwoSeatSideEnv",
+        "runner.backend=subprocess",
+        "max_env_steps=2048",
     )
-    assert summary["stopped_because"] == "max_env_steps", summary
-    policy = impala_rl.load_policy(run_dir)
     env = image_envs.TwoSeatSideEnv()
     obs, _ = env.reset(seed=0)  # step key 0's full-size screen
     assert int(policy.act(obs, step_key=0)) in (0, 1)
@@ -285,19 +276,7 @@ def test_a_large_float_image_is_converted_then_downscaled():
 def test_float_frames_train_a_cnn_and_the_policy_takes_them(tmp_path):
     """Catch's frames as floats in [0, 1] are read by the Nature CNN (PPO's Atari reuse), as
     its uint8 frames are; the saved policy acts on the float frames."""
-    run_dir = tmp_path / "run"
-    summary = impala_rl.train(
-        None,
-        [
-            "env.id=image_envs:make_float_catch",
-            "max_env_steps=2048",
-            "log.console=false",
-            "log.tensorboard=false",
-        ],
-        run_dir=run_dir,
-    )
-    assert summary["stopped_because"] == "max_env_steps", summary
-    policy = impala_rl.load_policy(run_dir)
+    policy, _ = _trained(tmp_path, "env.id=image_envs:make_float_catch", "max_env_steps=2048")
     assert type(policy.model.policies["0"].torso).__name__ == "NatureCNN"
     assert policy.config.algorithm.num_passes == 4  # PPO's Atari reuse, as for an image
     env = image_envs.make_float_catch()
