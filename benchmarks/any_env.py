@@ -92,6 +92,12 @@ ENVS: dict[str, Env] = {
     "minigrid-lavagap": Env(
         "MiniGrid-LavaGapS5-v0", 100_000, sb3_wrapper="minigrid_flat", kind="MiniGrid room"
     ),
+    "babyai-gotoredballgrey": Env(
+        "BabyAI-GoToRedBallGrey-v0",
+        200_000,
+        sb3_wrapper="minigrid_flat",
+        kind="BabyAI level (a mission in words)",
+    ),
     "minatar-freeway": Env(  # minatar_short's settings were picked on its seed 0
         "MinAtar/Freeway-v1", 300_000, tuned=True, kind="MinAtar game"
     ),
@@ -120,7 +126,7 @@ def make_env(spec: Env, for_sb3: bool) -> Any:
         if ":" in env_id:  # package:EnvId, Gymnasium's form
             module, _, env_id = env_id.partition(":")
             __import__(module)
-        if env_id.startswith("MiniGrid-"):
+        if env_id.startswith(("MiniGrid-", "BabyAI-")):
             import minigrid  # noqa: F401  (registers its ids)
         if env_id.startswith("MinAtar/"):  # its own Gymnasium env: bool [10, 10, C] frames
             import minatar.gym
