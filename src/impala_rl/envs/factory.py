@@ -37,7 +37,6 @@ from impala_rl.envs.images import (
     ConvertedImages,
     ConvertedKeyImages,
     ImageReading,
-    conversions,
     converted_images,
 )
 from impala_rl.envs.spaces import (
@@ -405,21 +404,12 @@ def _log_image_conversions(env_id: str, env: gym.Env) -> None:
     """One line saying which images the model reads downscaled or as ``uint8``, if any."""
     while env is not None and not isinstance(env, (ConvertedImages, ConvertedKeyImages)):
         env = getattr(env, "env", None)  # under the model's form (ModelObservation)
-    if env is None:
-        return
-    if isinstance(env, ConvertedKeyImages):
-        phrases = [
-            f"step key {k}: {phrase}"
-            for k, c in sorted(env.converters.items())
-            for phrase in conversions(c.source, c.space)
-        ]
-    else:
-        phrases = conversions(env.converter.source, env.converter.space)
-    logging.getLogger(__name__).info(
-        "env.id=%s: the model reads %s (env.max_image_side, env.float_images)",
-        env_id,
-        "; ".join(phrases),
-    )
+    if env is not None:
+        logging.getLogger(__name__).info(
+            "env.id=%s: the model reads %s (env.max_image_side, env.float_images)",
+            env_id,
+            "; ".join(env.conversions()),
+        )
 
 
 def make_vector_env(factory: Callable[[], gym.Env], num_envs: int) -> Any:

@@ -19,6 +19,8 @@ Both happen before anything else reads the observation. Every other observation,
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,66 +87,71 @@ def float_image_scale(space: spaces.Space) -> float | None:
 class ImageConverter:
     """The images of one observation space, at any depth of a ``Dict`` or ``Tuple``, as an
     :class:`ImageReading` has them (``space``: the space it makes; ``changes``: whether any
-    image changes). Called on an observation of ``source``, it returns one of ``space``."""
+    image changes). Called on an observation of ``source``, it returns one of ``space``.
+
+    What each entry needs is worked out once, here: a step converts the images and passes
+    every other entry, and every unchanged Dict or Tuple, as it is."""
 
     def __init__(self, source: spaces.Space, reading: ImageReading):
         self.source = source
         self.reading = reading
-        self.space = self._space(source)
-        self.changes = self.space is not source
-
-    def _leaf(self, space: spaces.Space) -> tuple[str, float | None] | None:
-        """An image leaf's layout and float scale (``None``: ``uint8``); ``None``: no image."""
-        layout = image_layout(space)
-        if layout is not None:
-            return layout, None
-        scale = float_image_scale(space) if self.reading.floats else None
-        return None if scale is None else (shape_layout(space.shape), scale)  # type: ignore[return-value]
-
-    def _space(self, space: spaces.Space) -> spaces.Space:
-        if isinstance(space, spaces.Dict):
-            inner = {k: self._space(s) for k, s in space.spaces.items()}
-            same = all(inner[k] is s for k, s in space.spaces.items())
-            return space if same else spaces.Dict(inner)
-        if isinstance(space, spaces.Tuple):
-            parts = [self._space(s) for s in space.spaces]
-            same = all(p is s for p, s in zip(parts, space.spaces, strict=True))
-            return space if same else spaces.Tuple(parts)
-        leaf = self._leaf(space)
-        if leaf is None:
-            return space
-        layout, scale = leaf
-        shape = list(space.shape)
-        if self.reading.max_side is not None:
-            h_axis, w_axis = _SIDES[layout]
-            size = downscaled_side(shape[h_axis], shape[w_axis], self.reading.max_side)
-            shape[h_axis], shape[w_axis] = size
-        if scale is None and tuple(shape) == space.shape:
-            return space
-        low, high = (0, 255) if scale is not None else (np.min(space.low), np.max(space.high))
-        return spaces.Box(int(low), int(high), tuple(shape), dtype=np.uint8)
+        self.space, self._convert = self._compile(source)
+        self.changes = self._convert is not None
 
     def __call__(self, observation: Any) -> Any:
-        return observation if not self.changes else self._convert(self.source, observation)
+        return observation if self._convert is None else self._convert(observation)
 
-    def _convert(self, space: spaces.Space, value: Any) -> Any:
-        if isinstance(space, spaces.Dict):
-            return {k: self._convert(s, value[k]) for k, s in space.spaces.items()}
-        if isinstance(space, spaces.Tuple):
-            return tuple(self._convert(s, v) for s, v in zip(space.spaces, value, strict=True))
-        leaf = self._leaf(space)
-        if leaf is None:
-            return value
-        layout, scale = leaf
-        value = np.asarray(value)
-        if scale is None or value.dtype == np.uint8:  # uint8, or a float image converted already
-            image = value.astype(np.uint8, copy=False)
-        else:
-            pixels = np.rint(value.astype(np.float32, copy=False) * np.float32(scale))
-            image = np.clip(pixels, 0, 255).astype(np.uint8)
-        if self.reading.max_side is None:
-            return image
-        return downscale(image, layout, self.reading.max_side)
+    def _compile(self, space: spaces.Space) -> tuple[spaces.Space, Callable[[Any], Any] | None]:
+        """``space`` as converted, and what converts a value of it (``None``: nothing)."""
+        if isinstance(space, (spaces.Dict, spaces.Tuple)):
+            keys = list(space.spaces) if isinstance(space, spaces.Dict) else range(len(space))
+            parts = {k: self._compile(space.spaces[k]) for k in keys}
+            steps = {k: step for k, (_, step) in parts.items() if step is not None}
+            if not steps:
+                return space, None
+
+            def convert(value: Any) -> Any:
+                items = ((k, steps[k](value[k]) if k in steps else value[k]) for k in keys)
+                return dict(items) if isinstance(space, spaces.Dict) else tuple(v for _, v in items)
+
+            inner = {k: part for k, (part, _) in parts.items()}
+            as_space = (
+                spaces.Dict(inner)
+                if isinstance(space, spaces.Dict)
+                else spaces.Tuple(list(inner.values()))
+            )
+            return as_space, convert
+        layout = image_layout(space)
+        scale = None
+        if layout is None and self.reading.floats:
+            scale = float_image_scale(space)
+            layout = None if scale is None else shape_layout(space.shape)
+        if layout is None:
+            return space, None
+        shape = list(space.shape)
+        max_side = self.reading.max_side
+        if max_side is not None:
+            h_axis, w_axis = _SIDES[layout]
+            shape[h_axis], shape[w_axis] = downscaled_side(shape[h_axis], shape[w_axis], max_side)
+        if scale is None and tuple(shape) == space.shape:
+            return space, None
+        low, high = (0, 255) if scale is not None else (np.min(space.low), np.max(space.high))
+        converted = spaces.Box(int(low), int(high), tuple(shape), dtype=np.uint8)
+        return converted, functools.partial(
+            _to_image, layout=layout, scale=scale, max_side=max_side
+        )
+
+
+def _to_image(value: Any, layout: str, scale: float | None, max_side: int | None) -> np.ndarray:
+    """One image leaf's value as a ``uint8`` image of ``layout`` (floats times ``scale``,
+    rounded; one that is ``uint8`` already as it is), downscaled to ``max_side``."""
+    value = np.asarray(value)
+    if scale is None or value.dtype == np.uint8:
+        image = value.astype(np.uint8, copy=False)
+    else:
+        pixels = np.rint(value.astype(np.float32, copy=False) * np.float32(scale))
+        image = np.clip(pixels, 0, 255).astype(np.uint8)
+    return image if max_side is None else downscale(image, layout, max_side)
 
 
 def downscale(image: np.ndarray, layout: str, max_side: int) -> np.ndarray:
@@ -187,26 +194,29 @@ def conversions(source: spaces.Space, converted: spaces.Space, path: str = "") -
 
 
 class ConvertedImages(gym.ObservationWrapper):
-    """A plain env whose images are read as ``reading`` says (:class:`ImageConverter`)."""
+    """A plain env whose images are converted (:class:`ImageConverter`)."""
 
-    def __init__(self, env: gym.Env, reading: ImageReading):
+    def __init__(self, env: gym.Env, converter: ImageConverter):
         super().__init__(env)
-        self.converter = ImageConverter(env.observation_space, reading)
-        self.observation_space = self.converter.space
+        self.converter = converter
+        self.observation_space = converter.space
 
     def observation(self, observation: Any) -> Any:
         return self.converter(observation)
 
+    def conversions(self) -> list[str]:
+        """What the model reads changed, one phrase per image (:func:`conversions`)."""
+        return conversions(self.converter.source, self.converter.space)
+
 
 class ConvertedKeyImages(gym.Wrapper, StructuredEnv):
-    """A structured env whose step keys' images are read as ``reading`` says
-    (:class:`ImageConverter` per key): who acts decides which key's observation a step
-    returns."""
+    """A structured env whose step keys' images are converted (an :class:`ImageConverter`
+    per key): who acts decides which key's observation a step returns."""
 
-    def __init__(self, env: StructuredEnv, reading: ImageReading):
+    def __init__(self, env: StructuredEnv, converters: dict[int, ImageConverter]):
         super().__init__(env)
-        self.converters = {k: ImageConverter(s, reading) for k, s in env.observation_spaces.items()}
-        self.observation_spaces = {k: c.space for k, c in self.converters.items()}
+        self.converters = converters
+        self.observation_spaces = {k: c.space for k, c in converters.items()}
         self.action_spaces = dict(env.action_spaces)
         self.observation_space = self.observation_spaces[min(self.observation_spaces)]
         self.n_agents = int(env.n_agents)
@@ -215,6 +225,14 @@ class ConvertedKeyImages(gym.Wrapper, StructuredEnv):
         """A raw observation of ``step_key`` with its images converted (an observation
         converted already passes unchanged)."""
         return self.converters[step_key](observation)
+
+    def conversions(self) -> list[str]:
+        """What the model reads changed, per step key and image (:func:`conversions`)."""
+        return [
+            f"step key {k}: {phrase}"
+            for k, c in sorted(self.converters.items())
+            for phrase in conversions(c.source, c.space)
+        ]
 
     def _next(self, observation: Any) -> Any:
         return self.observation_of(self.env.actor_id().step_key, observation)
@@ -248,9 +266,8 @@ class ConvertedKeyImages(gym.Wrapper, StructuredEnv):
 def converted_images(env: gym.Env, reading: ImageReading) -> gym.Env:
     """``env`` with its images read as ``reading`` says, wrapped only where one changes."""
     if isinstance(env, StructuredEnv):
-        wrapped = ConvertedKeyImages(env, reading)  # type: ignore[arg-type]
-        changes = any(c.changes for c in wrapped.converters.values())
-        return wrapped if changes else env
-    if not ImageConverter(env.observation_space, reading).changes:
-        return env
-    return ConvertedImages(env, reading)
+        converters = {k: ImageConverter(s, reading) for k, s in env.observation_spaces.items()}
+        changes = any(c.changes for c in converters.values())
+        return ConvertedKeyImages(env, converters) if changes else env  # type: ignore[arg-type]
+    converter = reading.converter(env.observation_space)
+    return env if converter is None else ConvertedImages(env, converter)
