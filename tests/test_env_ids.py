@@ -93,3 +93,33 @@ def test_minigrid_ids_build_as_typed():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["['direction', 'image', 'mission']"] * 2, result.stdout
+
+
+def test_an_id_whose_env_needs_a_missing_module_names_it_before_training(tmp_path):
+    """A registered id whose entry point imports a module that is not installed (Gymnasium's
+    phys2d ids without jax) is the CLI's one-line error naming the module, not a traceback."""
+    missing_id = "ImpalaTestMissingModule-v0"
+    gym.register(id=missing_id, entry_point="impala_no_such_module.envs:Env")
+    try:
+        with pytest.raises(EnvError, match=r"impala_no_such_module.*pip install impala_no_such"):
+            EnvFactory(missing_id)()
+    finally:
+        gym.registry.pop(missing_id, None)
+    if _importable("jax"):
+        return  # phys2d's ids make with jax installed: the CLI half has nothing to show
+    result = subprocess.run(
+        [sys.executable, "-m", "impala_rl.cli", "train", "env.id=phys2d/CartPole-v1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert "env.id 'phys2d/CartPole-v1'" in result.stderr and "jax" in result.stderr
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None

@@ -228,3 +228,135 @@ def test_a_cooperative_game_of_continuous_moves_steps_and_trains(tmp_path):
     )
     assert summary["stopped_because"] == "max_env_steps", summary
     assert summary["env_steps"] >= 1500 and np.isfinite(summary["train_return_recent"] or 0.0)
+
+
+class _MaskedMoves:
+    """Two seats taking turns for 6 moves; each turn allows a random subset of moves (the
+    ``action_mask``) and records every move it gets, so a test sees whether a move was legal."""
+
+    def __init__(self, action_space):
+        from gymnasium import spaces
+
+        self.possible_agents = ["a", "b"]
+        self._space = action_space
+        width = (
+            int(action_space.n)
+            if isinstance(action_space, spaces.Discrete)
+            else int(np.sum(action_space.nvec))
+        )
+        self._obs_space = spaces.Dict(
+            {
+                "observation": spaces.Box(0, 1, (2,), np.float32),
+                "action_mask": spaces.MultiBinary(width),
+            }
+        )
+        self._mask_rng = np.random.default_rng(0)
+        self.moves: list[tuple[np.ndarray, object]] = []  # (the mask shown, the move taken)
+        self.unwrapped = self
+
+    def action_space(self, agent):
+        return self._space
+
+    def observation_space(self, agent):
+        return self._obs_space
+
+    def _new_mask(self):
+        from gymnasium import spaces
+
+        sizes = [self._space.n] if isinstance(self._space, spaces.Discrete) else self._space.nvec
+        parts = []
+        for n in sizes:
+            part = (self._mask_rng.random(int(n)) < 0.5).astype(np.int8)
+            part[self._mask_rng.integers(int(n))] = 1  # at least one value allowed
+            parts.append(part)
+        self._mask = np.concatenate(parts)
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        self.agent_selection = "a"
+        self.terminations = {a: False for a in self.agents}
+        self.truncations = {a: False for a in self.agents}
+        self.rewards = {a: 0.0 for a in self.agents}
+        self._turn = 0
+        self._new_mask()
+
+    def observe(self, agent):
+        return {"observation": np.zeros(2, np.float32), "action_mask": self._mask.copy()}
+
+    def step(self, action):
+        if self.terminations[self.agent_selection]:
+            self.agents.remove(self.agent_selection)
+            if self.agents:
+                self.agent_selection = self.agents[0]
+            return
+        self.moves.append((self._mask.copy(), action))
+        self._turn += 1
+        self.rewards = {a: 0.0 for a in self.agents}
+        if self._turn == 6:
+            self.terminations = {a: True for a in self.agents}
+        self.agent_selection = "b" if self.agent_selection == "a" else "a"
+        self._new_mask()
+
+    def close(self):
+        pass
+
+
+def _legal(space, mask, move) -> bool:
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Discrete):
+        return isinstance(move, int) and bool(mask[move - space.start])
+    values = np.asarray(move).reshape(-1) - np.asarray(space.start).reshape(-1)
+    offsets = np.concatenate([[0], np.cumsum(space.nvec)[:-1]])
+    return move in space and all(mask[o + v] for o, v in zip(offsets, values, strict=True))
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        "Discrete(5, start=2)",
+        "MultiDiscrete([3, 4, 2])",
+        "MultiDiscrete([3, 4], start=[1, -2])",
+    ],
+)
+def test_random_opponent_plays_only_legal_moves_of_any_masked_space(space):
+    from gymnasium.spaces import Discrete, MultiDiscrete  # noqa: F401 (eval)
+
+    from impala_rl.envs.pettingzoo import AECStructuredEnv
+
+    aec = _MaskedMoves(eval(space))
+    env = AECStructuredEnv(aec, opponent="random")
+    learner_moves: set[int] = set()
+    for episode in range(20):
+        env.reset(seed=episode)
+        done = False
+        while not done:
+            learner_moves.add(len(aec.moves))
+            mask = aec.observe("a")["action_mask"]
+            move = random_legal_move_for_test(aec.action_space("a"), mask)
+            _, _, terminated, truncated, _ = env.step(move)
+            done = terminated or truncated
+    opponent = [move for i, move in enumerate(aec.moves) if i not in learner_moves]
+    assert len(opponent) == 60  # 3 of each game's 6 moves
+    illegal = [(m, a) for m, a in opponent if not _legal(aec.action_space("a"), m, a)]
+    assert not illegal, illegal[:3]
+
+
+def random_legal_move_for_test(space, mask):
+    from impala_rl.envs.pettingzoo import random_legal_move
+
+    return random_legal_move(space, mask, np.random.default_rng(7))
+
+
+def test_random_opponent_replays_a_seeded_game_of_unmasked_moves():
+    from gymnasium import spaces
+
+    from impala_rl.envs.pettingzoo import random_legal_move
+
+    box = spaces.Box(-1, 1, (3,), np.float32)
+    draws = [
+        [random_legal_move(box, None, rng) for _ in range(4)]
+        for rng in (np.random.default_rng(3), np.random.default_rng(3))
+    ]
+    np.testing.assert_array_equal(np.stack(draws[0]), np.stack(draws[1]))
+    assert all(box.contains(move) for move in draws[0])

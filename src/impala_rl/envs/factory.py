@@ -138,6 +138,13 @@ def make_id_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
             f"env.id {env_id!r}: {exc} If a package provides it, install the package and write "
             f"env.id=package:{env_id} (the package is imported, which registers its ids)"
         ) from None
+    except (ImportError, gym.error.DependencyNotInstalled) as exc:
+        # gymnasium's own message names its extra (gymnasium[box2d]); an import names a module
+        missing = (getattr(exc, "name", None) or "").split(".")[0]
+        hint = f"; its package is usually pip install {missing}" if missing else ""
+        raise EnvError(
+            f"env.id {env_id!r} needs a package that is not installed ({exc}){hint}"
+        ) from None
     except gym.error.Error as exc:
         raise EnvError(f"env.id {env_id!r}: {exc}") from None
     except TypeError as exc:

@@ -120,9 +120,7 @@ class AECStructuredEnv(StructuredEnv):
         agent = self._raw.agent_selection
         obs = self.aec.observe(agent)
         mask = obs.get("action_mask") if isinstance(obs, dict) else None
-        if mask is None:
-            return self._move(agent, self.aec.action_space(agent).sample())
-        return int(self._rng.choice(np.flatnonzero(mask)))
+        return self._move(agent, random_legal_move(self.aec.action_space(agent), mask, self._rng))
 
     def _move(self, agent: str, action: Any) -> Any:
         return int(action) if self._discrete[agent] else action
@@ -183,6 +181,37 @@ class AECStructuredEnv(StructuredEnv):
 
     def close(self) -> None:
         self.aec.close()
+
+
+def random_legal_move(space: gymnasium.Space, mask: Any, rng: np.random.Generator) -> Any:
+    """A uniformly random move of ``space`` that ``mask`` allows, drawn from ``rng`` (the env's
+    seeded generator, so a seeded game replays).
+
+    ``mask``: ``None``, or 0/1 per action of a ``Discrete`` or per value of each
+    ``MultiDiscrete`` dimension (concatenated, as the policy reads it; a tuple of per-dimension
+    masks is taken too). Other spaces take no mask: the space's own sampler, seeded from ``rng``.
+    """
+    if isinstance(space, gymnasium.spaces.Discrete):
+        n = int(space.n)
+        legal = np.arange(n) if mask is None else np.flatnonzero(np.asarray(mask).reshape(-1))
+        if legal.size == 0:
+            raise EnvError("the opponent's action_mask allows no move")
+        return int(space.start) + int(rng.choice(legal))
+    if isinstance(space, gymnasium.spaces.MultiDiscrete):
+        nvec = np.asarray(space.nvec).reshape(-1)
+        if mask is None:
+            parts = [np.ones(int(n), bool) for n in nvec]
+        elif isinstance(mask, (tuple, list)):
+            parts = [np.asarray(m).reshape(-1).astype(bool) for m in mask]
+        else:
+            parts = np.split(np.asarray(mask).reshape(-1).astype(bool), np.cumsum(nvec)[:-1])
+        if any(not part.any() for part in parts):
+            raise EnvError("the opponent's action_mask allows no value for a dimension")
+        values = [int(rng.choice(np.flatnonzero(part))) for part in parts]
+        move = np.asarray(values, dtype=space.dtype).reshape(np.shape(space.nvec))
+        return move + np.asarray(space.start, dtype=space.dtype)
+    space.seed(int(rng.integers(2**31)))
+    return space.sample()
 
 
 def make_aec_env(
