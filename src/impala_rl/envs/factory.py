@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -132,7 +133,7 @@ def make_id_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     registers says how to name the package that does."""
     register_on_demand(env_id)
     try:
-        return gym.make(env_id, **kwargs)
+        env = gym.make(env_id, **kwargs)
     except (gym.error.NameNotFound, gym.error.NamespaceNotFound) as exc:
         raise EnvError(
             f"env.id {env_id!r}: {exc} If a package provides it, install the package and write "
@@ -149,6 +150,18 @@ def make_id_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         raise EnvError(f"env.id {env_id!r}: {exc}") from None
     except TypeError as exc:
         raise EnvError(f"env.kwargs for {env_id!r}: {exc}") from None
+    _quiet_babyai_levels()
+    return env
+
+
+def _quiet_babyai_levels() -> None:
+    """BabyAI's level generator prints every rejected sample to stdout ("Sampling rejected:
+    unreachable object at (3, 5)", dozens a run, over the progress display): its module's
+    ``print`` becomes this module's debug log. Nothing else of the package is touched."""
+    module = sys.modules.get("minigrid.envs.babyai.core.roomgrid_level")
+    if module is not None and "print" not in vars(module):
+        log = logging.getLogger(__name__)
+        module.print = lambda *args, **_: log.debug("%s", " ".join(map(str, args)))
 
 
 AUTO_TIMING_S = 0.15  # seconds per vector env and round when env.vector=auto is settled
