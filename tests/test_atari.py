@@ -284,3 +284,44 @@ def test_ale_ids_are_registered_on_demand_with_the_atari_preprocessing(caplog):
         assert envs.reset(seed=0)[0].shape == (2, 4, 84, 84)
     finally:
         envs.close()
+
+
+@pytest.mark.parametrize(
+    ("env_id", "sticky", "rom"),
+    [
+        ("PongNoFrameskip-v4", 0.0, "pong"),
+        ("SpaceInvaders-v4", 0.0, "space_invaders"),
+        ("Breakout-v0", 0.25, "breakout"),
+        ("ALE/Pong-v5", 0.25, "pong"),
+    ],
+)
+def test_legacy_ale_ids_get_the_preprocessing_and_their_own_sticky_actions(env_id, sticky, rom):
+    """``PongNoFrameskip-v4`` as older tutorials type it: ale-py registers it on demand and it
+    runs as ``ALE/Pong-v5`` does, with its own sticky actions (v4: none) in both the python
+    and the ale vector paths."""
+    from impala_rl.envs.atari import AtariSettings, ale_rom_id, is_ale_id, sticky_actions
+
+    assert is_ale_id(env_id)
+    assert ale_rom_id(env_id) == rom
+    assert sticky_actions(AtariSettings(game=env_id)) == sticky
+    assert sticky_actions(AtariSettings(game=env_id, repeat_action_probability=0.1)) == 0.1
+    env = EnvFactory(env_id)()
+    try:
+        assert env.observation_space == gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+        assert env.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(sticky)
+        obs, _ = env.reset(seed=0)
+        assert obs.shape == (4, 84, 84)
+    finally:
+        env.close()
+    envs = make_vector_env(EnvFactory(env_id, {"vector": "ale"}), 2)
+    try:
+        assert envs.reset(seed=0)[0].shape == (2, 4, 84, 84)
+    finally:
+        envs.close()
+
+
+def test_ids_that_only_look_legacy_are_not_ale_games():
+    from impala_rl.envs.atari import is_ale_id
+
+    for env_id in ("CartPole-v0", "Taxi-v4", "MountainCar-v0", "NoSuchGame-v4", "Pong-v5"):
+        assert not is_ale_id(env_id), env_id

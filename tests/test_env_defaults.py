@@ -271,14 +271,18 @@ def test_a_cnn_learner_gets_the_idle_core(monkeypatch, caplog):
         ("MinAtar/Breakout-v1", "minatar_breakout"),
         ("MinAtar/Asterix-v1", "minatar"),
         ("ALE/Breakout-v5", "pong_appo"),
+        ("BreakoutNoFrameskip-v4", "pong_appo"),  # the legacy id older tutorials type
         ("Taxi-v4", GENERIC_PRESET),
         ("impala_rl.envs.samples:GridWorld", GENERIC_PRESET),
     ],
 )
 def test_ids_of_a_family_choose_its_preset(env_id, preset):
-    for prefix, package in (("MiniGrid-", "minigrid"), ("MinAtar/", "minatar"), ("ALE/", "ale_py")):
+    ale = env_id.startswith("ALE/") or "NoFrameskip" in env_id
+    for prefix, package in (("MiniGrid-", "minigrid"), ("MinAtar/", "minatar")):
         if env_id.startswith(prefix):
             pytest.importorskip(package)
+    if ale:
+        pytest.importorskip("ale_py")
     cfg = resolve_config(None, [f"env.id={env_id}", "runner.size_to_machine=false"])
     assert cfg.env.id == env_id
     chosen = load_config(preset, [f"env.id={env_id}"])
@@ -286,7 +290,7 @@ def test_ids_of_a_family_choose_its_preset(env_id, preset):
     assert cfg.algorithm.num_passes == chosen.algorithm.num_passes
     assert cfg.algorithm.lr == chosen.algorithm.lr
     assert cfg.model.encoder == chosen.model.encoder or preset == GENERIC_PRESET
-    if env_id.startswith("ALE/"):  # the game is the id; its own sticky actions
+    if ale:  # the game is the id; its own sticky actions
         assert "game" not in cfg.env.kwargs and "repeat_action_probability" not in cfg.env.kwargs
         assert cfg.target_return is None  # not Pong's 20
 

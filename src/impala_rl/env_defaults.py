@@ -6,8 +6,9 @@ The env's family picks a preset, said on the console:
   the env's entry point);
 - by id: ``MiniGrid-...`` and ``BabyAI-...`` the ``minigrid`` preset, ``MinAtar/...`` the
   ``minatar`` preset (``minatar_breakout`` for Breakout; ``minatar_short``, sample reuse, for a
-  ``max_env_steps`` of at most 1M), ``ALE/...`` the ``pong_appo`` preset's learning settings
-  with the Atari preprocessing (the game's own sticky actions);
+  ``max_env_steps`` of at most 1M), ``ALE/...`` (and the legacy ids ale-py registers,
+  ``PongNoFrameskip-v4``) the ``pong_appo`` preset's learning settings with the Atari
+  preprocessing (the game id's own sticky actions);
 - any other env the ``any_env`` preset: nearly on-policy batches reused under the clipped
   surrogate (the family presets' settings), fitted to the env's spaces.
 
@@ -59,6 +60,7 @@ from impala_rl.config import (
     user_file_keys,
 )
 from impala_rl.envs import EnvFactory
+from impala_rl.envs.atari import AtariSettings, is_ale_id, sticky_actions
 from impala_rl.envs.structured import KeyObservation, MaskedActionsEnv, is_structured
 from impala_rl.nn.encoders import IMAGE_ENCODERS, encoder_for, fitting_cnn, is_cnn_image, is_image
 from impala_rl.sizing import size_to_machine
@@ -70,12 +72,14 @@ DEFAULT_PRESET = "cartpole"
 """What runs with neither a preset nor ``env.id``."""
 FAMILY_PRESETS = ("classic_control", "box2d", "mujoco")
 """Gymnasium's env families (``gymnasium.envs.<family>``) with a preset of the same name."""
+ALE_PRESET = "pong_appo"
+"""The learning settings of an ALE game's id (``ALE/...`` or legacy, :func:`is_ale_id`)."""
 ID_PRESETS: tuple[tuple[str, str, str], ...] = (
     ("MiniGrid-", "minigrid", "MiniGrid"),
     ("BabyAI-", "minigrid", "BabyAI"),
     ("MinAtar/Breakout-", "minatar_breakout", "MinAtar Breakout"),
     ("MinAtar/", "minatar", "MinAtar"),
-    ("ALE/", "pong_appo", "ALE"),
+    ("ALE/", ALE_PRESET, "ALE"),
 )
 """Id prefixes of families with a preset: prefix, preset, family name."""
 SHORT_BUDGET_PRESETS = {"minatar": "minatar_short", "minatar_breakout": "minatar_short"}
@@ -139,6 +143,8 @@ def family_preset(env_id: str) -> tuple[str, str] | None:
     for prefix, preset, family in ID_PRESETS:
         if env_id.startswith(prefix):
             return preset, family
+    if is_ale_id(env_id):  # a legacy id ale-py registers: PongNoFrameskip-v4
+        return ALE_PRESET, "ALE"
     family = env_family(env_id)
     if family in FAMILY_PRESETS:
         return family, f"Gymnasium's {family}"  # type: ignore[return-value]
@@ -307,11 +313,16 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
         preset = SHORT_BUDGET_PRESETS[preset]
         note = f"; a budget of {budget:,} env steps <= {SHORT_BUDGET:,}: sample reuse"
     cfg = load_config(preset, [*derived, *overrides], sizing_follows=sizing_follows)
-    if env_cfg.id.startswith("ALE/"):  # the game is env.id; sticky actions are the id's own
+    if is_ale_id(env_cfg.id):  # the game is env.id; sticky actions are the id's own
         for key in ("game", "repeat_action_probability"):
             if not _overridden(overrides, f"env.kwargs.{key}"):
                 cfg.env.kwargs.pop(key, None)
-        note = " (Atari preprocessing, the game's own sticky actions)"
+        settings = AtariSettings.from_kwargs({"game": env_cfg.id, **cfg.env.kwargs})
+        note = (
+            f" (Atari preprocessing: a frame skip of {settings.frame_skip}, {settings.screen_size}"
+            f"x{settings.screen_size} grayscale, {settings.frame_stack} frames stacked; sticky "
+            f"actions {sticky_actions(settings):g})"
+        )
     if _overridden(overrides, "target_return"):
         given = cfg.target_return
         target = "no target_return (given)" if given is None else f"target_return {given:g} (given)"

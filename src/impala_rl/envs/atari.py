@@ -35,7 +35,7 @@ class AtariSettings:
     frame_stack: int = 4
     noop_max: int = 30
     terminal_on_life_loss: bool = False
-    repeat_action_probability: float = 0.25
+    repeat_action_probability: float | None = None  # None: the game id's own (v5, v0: 0.25; v4: 0)
     full_action_space: bool = False
     max_episode_frames: int = 108_000
     vector: str = "python"  # how an actor steps its envs: python | ale
@@ -72,7 +72,7 @@ def make_atari_env(**kwargs: Any) -> gym.Env:
         env = gym.make(
             cfg.game,
             frameskip=1,  # AtariPreprocessing skips frames and max-pools
-            repeat_action_probability=cfg.repeat_action_probability,
+            repeat_action_probability=sticky_actions(cfg),
             full_action_space=cfg.full_action_space,
             max_num_frames_per_episode=cfg.max_episode_frames,
             render_mode=cfg.render_mode,
@@ -94,7 +94,8 @@ def make_atari_env(**kwargs: Any) -> gym.Env:
 
 
 def make_ale_id_env(env_id: str, **kwargs: Any) -> gym.Env:
-    """``env.id=ALE/Pong-v5`` as a plain id: ale-py's ids are registered on demand and the raw
+    """``env.id=ALE/Pong-v5`` (or a legacy id, ``PongNoFrameskip-v4``: :func:`is_ale_id`) as a
+    plain id: ale-py's ids are registered on demand and the raw
     RGB frames get :func:`make_atari_env`'s preprocessing (the ``atari`` preset's), since
     210x160x3 channels-last frames fit none of the encoders; ``kwargs`` are
     :class:`AtariSettings` other than ``game``."""
@@ -106,9 +107,52 @@ def make_ale_id_env(env_id: str, **kwargs: Any) -> gym.Env:
     return make_atari_env(game=env_id, **kwargs)
 
 
+LEGACY_ID = re.compile(r"[A-Z][A-Za-z]*?(NoFrameskip)?-v[04]")
+"""Gymnasium's ids of the ALE games before the ``ALE/`` namespace, which ale-py still
+registers: ``PongNoFrameskip-v4`` (the DQN papers' and many tutorials'), ``Breakout-v4``."""
+
+
+def _ale_spec(env_id: str) -> Any:
+    """ale-py's Gymnasium spec of ``env_id`` (registering ale-py's ids on demand), or None when
+    ale-py is missing or registers no such id."""
+    if env_id not in gym.registry:
+        try:
+            import ale_py
+        except ImportError:
+            return None
+        gym.register_envs(ale_py)
+    spec = gym.registry.get(env_id)
+    if spec is None or "ale_py" not in str(spec.entry_point):
+        return None
+    return spec
+
+
+def is_ale_id(env_id: str) -> bool:
+    """Whether ``env_id`` is an ALE game's Gymnasium id: ``ALE/Pong-v5``, or a legacy one
+    (:data:`LEGACY_ID`, ``PongNoFrameskip-v4``) that ale-py registers. Both get the Atari
+    preprocessing; an id of another package that merely looks legacy (``CartPole-v0``) does
+    not."""
+    if env_id.startswith("ALE/"):
+        return True
+    return bool(LEGACY_ID.fullmatch(env_id)) and _ale_spec(env_id) is not None
+
+
+def sticky_actions(settings: AtariSettings) -> float:
+    """``repeat_action_probability``: the setting, or where it is None the game id's own (v5
+    and v0 ids: 0.25, v4 ids: 0), 0.25 for an id ale-py does not register."""
+    if settings.repeat_action_probability is not None:
+        return float(settings.repeat_action_probability)
+    spec = _ale_spec(settings.game)
+    return float(spec.kwargs.get("repeat_action_probability", 0.25)) if spec else 0.25
+
+
 def ale_rom_id(game: str) -> str:
-    """ale-py's ROM id for a Gymnasium id: ``ALE/SpaceInvaders-v5`` -> ``space_invaders``."""
-    name = game.split("/")[-1].split("-")[0]
+    """ale-py's ROM id for a Gymnasium id: ``ALE/SpaceInvaders-v5`` and
+    ``SpaceInvadersNoFrameskip-v4`` -> ``space_invaders``."""
+    spec = _ale_spec(game)
+    if spec is not None and "game" in spec.kwargs:
+        return str(spec.kwargs["game"])
+    name = game.split("/")[-1].split("-")[0].removesuffix("NoFrameskip")
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
@@ -141,7 +185,7 @@ def make_atari_vector_env(num_envs: int, **kwargs: Any) -> Any:
             num_threads=min(cfg.vector_threads, num_envs),
             autoreset_mode="SameStep",
             max_num_frames_per_episode=cfg.max_episode_frames,
-            repeat_action_probability=cfg.repeat_action_probability,
+            repeat_action_probability=sticky_actions(cfg),
             full_action_space=cfg.full_action_space,
             img_height=cfg.screen_size,
             img_width=cfg.screen_size,

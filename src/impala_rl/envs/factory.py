@@ -5,7 +5,8 @@
 - a Gymnasium id. Ids of the families in :data:`ID_FAMILIES` (``MiniGrid-...``) are
   registered on demand by importing their package; ``MinAtar/...`` ids are registered on
   demand, with channels-first ``uint8`` frames, see :mod:`impala_rl.envs.minatar`; ``ALE/...``
-  ids are registered on demand and get the ``atari`` preset's preprocessing, see
+  ids and the legacy ones ale-py registers (``PongNoFrameskip-v4``) are registered on demand
+  and get the ``atari`` preset's preprocessing, see
   :func:`impala_rl.envs.atari.make_ale_id_env`. An id nobody registers names the package to
   install where its family is known.
 - ``package.module:callable``: a callable that returns a ``gymnasium.Env``;
@@ -34,6 +35,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from impala_rl.envs.atari import is_ale_id
 from impala_rl.envs.images import (
     ConvertedImages,
     ConvertedKeyImages,
@@ -57,8 +59,6 @@ from impala_rl.envs.structured import (
     is_structured,
 )
 from impala_rl.envs.vector import NativeVectorEnv, SameStepVectorEnv
-
-ALE_PREFIX = "ALE/"
 
 __all__ = [
     "EnvError",
@@ -228,7 +228,7 @@ class EnvFactory:
 
             kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}
             env = make_minatar_env(self.env_id, **kwargs)
-        elif self.env_id.startswith(ALE_PREFIX):
+        elif is_ale_id(self.env_id):
             from impala_rl.envs.atari import make_ale_id_env
 
             env = make_ale_id_env(self.env_id, **self.kwargs)
@@ -280,7 +280,7 @@ class EnvFactory:
             return self._async_vector(num_envs)
         if self.frame_stack > 1:  # stacked by Gymnasium's wrapper, env by env
             return None
-        if self.env_id.startswith(ALE_PREFIX):
+        if is_ale_id(self.env_id):
             from impala_rl.envs.atari import make_atari_vector_env
 
             envs = make_atari_vector_env(num_envs, **{"game": self.env_id, **self.kwargs})
