@@ -123,3 +123,36 @@ def _importable(name: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(name) is not None
+
+
+def test_an_id_without_a_family_is_found_in_the_installed_providers(
+    fake_package, tmp_path, monkeypatch, caplog
+):
+    """``env.id=highway-fast-v0`` as highway-env's docs type it (after ``import highway_env``):
+    the installed packages of :data:`ID_PROVIDERS` are imported in turn until one registers
+    the id; one that fails to import is passed over."""
+    broken = tmp_path / "impala_broken_provider.py"
+    broken.write_text("raise RuntimeError('cannot import here')\n")
+    monkeypatch.setattr(
+        env_factory,
+        "ID_PROVIDERS",
+        ("impala_no_such_provider", "impala_broken_provider", fake_package),
+    )
+    assert FAKE_ID not in gym.registry
+    with caplog.at_level("INFO", logger="impala_rl.envs.factory"):
+        env = EnvFactory(FAKE_ID)()
+    assert env.observation_space.shape == (4,)
+    env.close()
+    assert f"env.id={FAKE_ID}: registered by importing {fake_package}" in caplog.text
+    sys.modules.pop("impala_broken_provider", None)
+
+
+@pytest.mark.parametrize("env_id", ["highway-fast-v0", "FlappyBird-v0"])
+def test_ids_of_installed_packages_run_as_their_docs_type_them(env_id):
+    module = {"highway-fast-v0": "highway_env", "FlappyBird-v0": "flappy_bird_gymnasium"}[env_id]
+    pytest.importorskip(module)
+    code = f"from impala_rl.envs import EnvFactory; print(EnvFactory({env_id!r})().spec.id)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert out.stdout.split()[-1] == env_id

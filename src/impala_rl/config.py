@@ -246,8 +246,10 @@ class EnvConfig:
     """What to train on."""
 
     id: str = "CartPole-v1"
-    """A Gymnasium id (``MiniGrid-...``, ``MinAtar/...`` and ``ALE/...`` ids are registered on
-    demand; an id nobody registers names the package to install where its family is known),
+    """A Gymnasium id (``MiniGrid-...``, ``MinAtar/...``, ``ALE/...`` and legacy
+    ``PongNoFrameskip-v4`` ids are registered on demand, as are the ids of highway-env,
+    flappy-bird-gymnasium, gymnasium-robotics, panda-gym and miniworld where installed; an id
+    nobody registers names the package to install where its family is known),
     ``package.module:callable`` returning a Gymnasium env, or Gymnasium's ``package:EnvId``
     (the package is imported, which registers the id)."""
     kwargs: dict[str, Any] = field(default_factory=dict)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 import logging
 import sys
 import time
@@ -77,6 +78,19 @@ ID_FAMILIES: dict[str, tuple[str, str]] = {
 }
 """Gymnasium id prefixes of packages that register their ids when imported: prefix ->
 (module to import, what to ``pip install``)."""
+ID_PROVIDERS = (
+    "highway_env",
+    "flappy_bird_gymnasium",
+    "gymnasium_robotics",
+    "panda_gym",
+    "miniworld",
+    "minigrid",
+    "ale_py",
+)
+"""Packages whose ids (``highway-fast-v0``, ``FlappyBird-v0``, ``FetchReach-v4``...) have no
+common prefix: an id that nothing has registered is looked for in those of them that are
+installed, each imported in turn, as the user would ``import highway_env`` before
+``gymnasium.make``."""
 
 
 def _import_target(spec: str) -> Callable[..., gym.Env] | str:
@@ -113,7 +127,8 @@ def _import_callable(spec: str) -> Callable[..., gym.Env] | None:
 
 def register_on_demand(env_id: str) -> None:
     """Import the package of ``env_id``'s family (:data:`ID_FAMILIES`) if the id is not
-    registered yet; a family whose package is missing is an :class:`EnvError` that names it."""
+    registered yet; a family whose package is missing is an :class:`EnvError` that names it.
+    An id of no family: the installed :data:`ID_PROVIDERS`, until one registers it."""
     if env_id in gym.registry:
         return
     for prefix, (module_name, package) in ID_FAMILIES.items():
@@ -125,6 +140,18 @@ def register_on_demand(env_id: str) -> None:
                     f"env.id {env_id!r} needs the {module_name} package ({exc}): "
                     f"pip install {package}"
                 ) from None
+            return
+    for module_name in ID_PROVIDERS:
+        if module_name in sys.modules or importlib.util.find_spec(module_name) is None:
+            continue
+        try:
+            importlib.import_module(module_name)
+        except Exception:  # a provider that cannot import here registers nothing
+            continue
+        if env_id in gym.registry:
+            logging.getLogger(__name__).info(
+                "env.id=%s: registered by importing %s", env_id, module_name
+            )
             return
 
 
