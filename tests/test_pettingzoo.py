@@ -360,3 +360,53 @@ def test_random_opponent_replays_a_seeded_game_of_unmasked_moves():
     ]
     np.testing.assert_array_equal(np.stack(draws[0]), np.stack(draws[1]))
     assert all(box.contains(move) for move in draws[0])
+
+
+def test_a_pettingzoo_module_as_env_id_is_played_through_the_aec_adapter():
+    """``env.id=pettingzoo.classic.tictactoe_v3``: the module's game as ``make_aec_env`` plays
+    it, ``env.kwargs`` its other arguments; the game given twice, or an argument it does not
+    take, is refused by name."""
+    env = EnvFactory("pettingzoo.classic.tictactoe_v3", {"opponent": "random"})()
+    try:
+        assert env.n_agents == 1 and env.action_space.n == 9
+        obs, _ = env.reset(seed=2)
+        assert int(obs["observation"].sum()) == 0  # seat 0: an empty board, as make_aec_env's
+    finally:
+        env.close()
+    with pytest.raises(EnvError, match="give the game once"):
+        EnvFactory("pettingzoo.classic.tictactoe_v3", {"env": "pettingzoo.classic.go_v5"})()
+    with pytest.raises(EnvError, match="env.kwargs for .*valid: env_kwargs, opponent"):
+        EnvFactory("pettingzoo.classic.tictactoe_v3", {"oponent": "random"})()
+    with pytest.raises(EnvError, match="cannot import"):
+        EnvFactory("pettingzoo.classic.no_such_game_v1")()
+
+
+def test_a_board_game_id_trains_against_both_opponents_and_evaluates_a_win_rate(caplog):
+    from impala_rl.env_defaults import resolve_config
+
+    with caplog.at_level("INFO", logger="impala_rl.env_defaults"):
+        cfg = resolve_config(None, ["env.id=pettingzoo.classic.tictactoe_v3"])
+    assert cfg.env.kwargs["opponent"] == "mixed"
+    assert cfg.env.eval_kwargs["opponent"] == "random"
+    assert "trained against itself and random legal moves" in caplog.text
+    given = resolve_config(
+        None, ["env.id=pettingzoo.classic.tictactoe_v3", "env.kwargs.opponent=self_play"]
+    )
+    assert given.env.kwargs["opponent"] == "self_play"
+    assert given.env.eval_kwargs["opponent"] == "random"
+    pytest.importorskip("Box2D")
+    cooperative = resolve_config(None, ["env.id=pettingzoo.sisl.multiwalker_v9"])
+    assert "opponent" not in cooperative.env.kwargs  # all walkers learn: no opponent to pick
+    assert "opponent" not in cooperative.env.eval_kwargs
+
+
+def test_tictactoe_typed_as_its_module_learns_to_beat_random_moves(tmp_path):
+    """``impala train env.id=pettingzoo.classic.tictactoe_v3`` with no preset (any_env's
+    settings, mixed opponents): 100k learner moves (~40 s on 2 cores; seed 0 wins 91% of 1000
+    fresh games), where an untrained policy wins 36-42%."""
+    impala_rl.train(
+        None,
+        [*FAST, "env.id=pettingzoo.classic.tictactoe_v3", "max_env_steps=100000"],
+        run_dir=tmp_path,
+    )
+    assert _win_rate(tmp_path) > 0.75

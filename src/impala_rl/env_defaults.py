@@ -86,6 +86,12 @@ SHORT_BUDGET_PRESETS = {"minatar": "minatar_short", "minatar_breakout": "minatar
 """Family presets chosen for budgets of millions of env steps, and what replaces them when the
 user's ``max_env_steps`` is at most :data:`SHORT_BUDGET` (sample reuse)."""
 SHORT_BUDGET = 1_000_000
+BOARD_GAMES = "pettingzoo.classic."
+"""``env.id=pettingzoo.classic.connect_four_v3``: PettingZoo's board and card games, played
+against others: trained against random legal moves in half the games and itself in the rest
+(``mixed``), evaluated against random legal moves, so the best model is chosen on a win rate
+(the tictactoe experiments: self-play alone 72-76% against random, mixed 92.6%)."""
+BOARD_GAME_OPPONENTS = {"env.kwargs.opponent": "mixed", "env.eval_kwargs.opponent": "random"}
 GENERIC_PRESET = "any_env"
 """What an env of no known family runs."""
 MAX_ENV_STEPS = 1_000_000
@@ -293,6 +299,13 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
         ]
     else:
         preset = family[0]
+    board_game = env_cfg.id.startswith(BOARD_GAMES)
+    if board_game:  # what the tictactoe experiments found: both opponents, a win rate to read
+        derived += [
+            f"{key}={value}"
+            for key, value in BOARD_GAME_OPPONENTS.items()
+            if not _overridden(overrides, key)
+        ]
     if slow:
         derived.append("env.vector=async")
     if fits_spaces:
@@ -372,6 +385,16 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
         backend += ", the update compiled (torch.compile)"
     encoder = encoder_for(cfg.model.encoder, observation) if observation is not None else "auto"
     encoder = "encoders fitted to the spaces" if encoder == "auto" else f"{encoder} encoder"
+    if board_game:
+        opponents = {"mixed": "itself and random legal moves", "random": "random legal moves"}
+        train, ev_opponent = (
+            cfg.env.kwargs.get("opponent", "self_play"),
+            cfg.env.eval_kwargs.get("opponent", cfg.env.kwargs.get("opponent", "self_play")),
+        )
+        evaluation += (
+            f"; a board game: trained against {opponents.get(train, 'itself')}, evaluated "
+            f"against {opponents.get(ev_opponent, 'itself')}"
+        )
     line = (
         f"{chosen} for {env_cfg.id} ({spaces}); {target}; {evaluation}; "
         f"{encoder}, {a.policy_loss} loss, {reuse}{lr}, "

@@ -78,6 +78,9 @@ ID_FAMILIES: dict[str, tuple[str, str]] = {
 }
 """Gymnasium id prefixes of packages that register their ids when imported: prefix ->
 (module to import, what to ``pip install``)."""
+PETTINGZOO_PREFIX = "pettingzoo."
+"""``env.id=pettingzoo.classic.connect_four_v3``: a PettingZoo env module, played through
+:func:`impala_rl.envs.pettingzoo.make_aec_env` (``env.kwargs`` are its other arguments)."""
 ID_PROVIDERS = (
     "highway_env",
     "flappy_bird_gymnasium",
@@ -255,6 +258,21 @@ class EnvFactory:
 
             kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}
             env = make_minatar_env(self.env_id, **kwargs)
+        elif self.env_id.startswith(PETTINGZOO_PREFIX):
+            from impala_rl.envs.pettingzoo import make_aec_env
+
+            if "env" in self.kwargs:
+                raise EnvError(
+                    f"env.kwargs.env={self.kwargs['env']!r} with env.id={self.env_id!r}: give "
+                    "the game once, as env.id"
+                )
+            try:
+                env = make_aec_env(self.env_id, **self.kwargs)
+            except TypeError as exc:
+                raise EnvError(
+                    f"env.kwargs for {self.env_id!r}: {exc}; valid: env_kwargs, opponent, "
+                    "policy_per_agent, random_opponent_prob"
+                ) from None
         elif is_ale_id(self.env_id):
             from impala_rl.envs.atari import make_ale_id_env
 
