@@ -325,3 +325,8 @@ def test_ids_that_only_look_legacy_are_not_ale_games():
 
     for env_id in ("CartPole-v0", "Taxi-v4", "MountainCar-v0", "NoSuchGame-v4", "Pong-v5"):
         assert not is_ale_id(env_id), env_id
+
+
+def test_a_v5_game_typed_without_its_namespace_names_the_id_to_type():
+    with pytest.raises(EnvError, match=r"Did you mean ALE/Breakout-v5\?"):
+        EnvFactory("Breakout-v5")()

@@ -177,7 +177,9 @@ def make_id_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
             f"env.id {env_id!r} needs a package that is not installed ({exc}){hint}"
         ) from None
     except gym.error.Error as exc:
-        raise EnvError(f"env.id {env_id!r}: {exc}") from None
+        namespaced = f"ALE/{env_id}"  # Pong-v5: ale-py registers v5 in the ALE namespace only
+        hint = f" Did you mean {namespaced}?" if namespaced in gym.registry else ""
+        raise EnvError(f"env.id {env_id!r}: {exc}{hint}") from None
     except TypeError as exc:
         raise EnvError(f"env.kwargs for {env_id!r}: {exc}") from None
     _quiet_babyai_levels()
