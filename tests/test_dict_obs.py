@@ -110,7 +110,7 @@ def test_building_the_env_says_in_one_line_which_entries_are_left_out(caplog):
     with caplog.at_level(logging.WARNING):
         factory = make_env_factory(cfg.env)
     lines = [r.getMessage() for r in caplog.records if "handle" in r.getMessage()]
-    assert len(lines) == 1 and "neither numbers nor text" in lines[0]
+    assert len(lines) == 1 and "neither numbers of a fixed size nor text" in lines[0]
     assert not any("mission" in r.getMessage() for r in caplog.records)
     assert set(factory().observation_space.spaces) == {"direction", "image", "mission", "pos"}
 

@@ -223,3 +223,72 @@ def test_tuple_and_dict_action_spaces(space):
 def _first_leaves(actions: list) -> list[np.ndarray]:
     """The first part of each recorded action (a tuple's first entry, a dict's first key)."""
     return [np.asarray(a[0] if isinstance(a, tuple) else a[sorted(a)[0]]) for a in actions]
+
+
+class _SpacesEnv(gym.Env):
+    """An env of the given spaces (observations sampled), to see what the factory says."""
+
+    def __init__(self, observation_space, action_space):
+        self.observation_space, self.action_space = observation_space, action_space
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize(
+    ("action_space", "named"),
+    [
+        (spaces.OneOf([spaces.Discrete(3), spaces.Box(0, 1, (2,))]), "action space OneOf"),
+        (spaces.Text(5), "action space Text"),
+        (spaces.Tuple([spaces.Discrete(2), spaces.Text(3)]), "action space entry 1 Text"),
+        (spaces.Dict({"move": spaces.Discrete(2), "say": spaces.Text(3)}), "entry 'say' Text"),
+    ],
+)
+def test_an_action_space_no_head_samples_is_named_before_anything_is_built(action_space, named):
+    from impala_rl.envs import EnvFactory
+    from impala_rl.envs.spaces import EnvError, check_action_space
+
+    with pytest.raises(EnvError, match=rf"{named}.*not supported; valid: Discrete"):
+        check_action_space(action_space)
+    with pytest.raises(EnvError, match=named):  # the factory checks what it builds
+        EnvFactory(
+            "test_spaces:make_spaces_env",
+            {"observation_space": spaces.Box(0, 1, (3,), np.float32), "action_space": action_space},
+        )()
+
+
+def make_spaces_env(observation_space, action_space):
+    return _SpacesEnv(observation_space, action_space)
+
+
+def test_supported_action_spaces_pass_the_check():
+    from impala_rl.envs.spaces import check_action_space
+
+    for space in (
+        spaces.Discrete(3, start=1),
+        spaces.MultiDiscrete([2, 3]),
+        spaces.MultiBinary(4),
+        spaces.Box(-1, 1, (2,)),
+        spaces.Tuple([spaces.Discrete(2), spaces.Dict({"x": spaces.Box(0, 1, (1,))})]),
+    ):
+        check_action_space(space)
+
+
+def test_observations_of_no_fixed_size_are_refused_alone_and_left_out_of_a_dict():
+    from impala_rl.envs.spaces import EnvError, dict_model_space, model_observation_space
+
+    sequence = spaces.Sequence(spaces.Box(0, 1, (3,), np.float32))
+    with pytest.raises(EnvError, match="a Sequence has no fixed size .*pad it to a Box"):
+        model_observation_space(sequence)
+    graph = spaces.Graph(spaces.Box(0, 1, (3,)), spaces.Discrete(2))
+    with pytest.raises(EnvError, match="a Graph has no fixed size"):
+        model_observation_space(graph)
+    kept, dropped = dict_model_space(
+        spaces.Dict({"position": spaces.Box(0, 1, (3,), np.float32), "trail": sequence})
+    )
+    assert list(kept.spaces) == ["position"]
+    assert dropped == ["'trail' (Sequence, no fixed size)"]

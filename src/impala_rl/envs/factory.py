@@ -46,6 +46,7 @@ from impala_rl.envs.images import (
 from impala_rl.envs.spaces import (
     EnvError,
     ModelObservation,
+    check_action_space,
     is_composite,
     keeps_structure,
     log_dropped_entries,
@@ -283,6 +284,12 @@ class EnvFactory:
             kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}
             env = make_id_env(fn, kwargs)
         self.structured = is_structured(env)
+        key_actions = getattr(env, "action_spaces", None) if self.structured else None
+        if isinstance(key_actions, dict):
+            for key, space in sorted(key_actions.items()):
+                check_action_space(space, f"action_spaces[{key}]")
+        else:
+            check_action_space(env.action_space)
         if self.structured:  # spaces per step key: the structured vector env converts them
             if self.max_episode_steps is not None:
                 raise EnvError(

@@ -189,7 +189,11 @@ def model_observation_space(space: spaces.Space) -> spaces.Box:
             f"observation space {space} is not supported: {str(exc) or _unflattenable(space)}"
         ) from None
     if not isinstance(flat, spaces.Box):
-        raise EnvError(f"observation space {space} does not flatten to a Box")
+        raise EnvError(
+            f"observation space {space} is not supported: a {type(space).__name__} has no fixed "
+            "size (pad it to a Box in a wrapper); valid: Box, Discrete, MultiDiscrete, "
+            "MultiBinary, Text, and Tuple or Dict of them"
+        )
     return spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32)
 
 
@@ -216,9 +220,12 @@ def dict_model_space(space: spaces.Dict) -> tuple[spaces.Dict, list[str]]:
             kept[str(name)] = TextTokens()
             continue
         try:
-            spaces.flatten_space(sub)
+            flat = spaces.flatten_space(sub)
         except NotImplementedError:
             dropped.append(f"{name!r} ({type(sub).__name__})")
+            continue
+        if not isinstance(flat, spaces.Box):  # a Sequence or Graph: no fixed size
+            dropped.append(f"{name!r} ({type(sub).__name__}, no fixed size)")
             continue
         kept[str(name)] = _entry_space(sub)
     if not kept:
@@ -232,6 +239,26 @@ def dict_model_space(space: spaces.Dict) -> tuple[spaces.Dict, list[str]]:
 def is_composite(space: spaces.Space) -> bool:
     """A ``Tuple`` or ``Dict`` space (an action of parts: one tuple or dict per env)."""
     return isinstance(space, (spaces.Tuple, spaces.Dict))
+
+
+ACTION_LEAVES = (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Box)
+"""The action spaces a policy head samples; a ``Tuple`` or ``Dict`` of them is one action of
+parts."""
+
+
+def check_action_space(space: spaces.Space, where: str = "action space") -> None:
+    """An :class:`EnvError` naming the first part of ``space`` that no policy head samples (a
+    ``OneOf``, a ``Text``, an env's own space), before anything is built."""
+    if is_composite(space):
+        items = space.spaces.items() if isinstance(space, spaces.Dict) else enumerate(space)
+        for key, sub in items:
+            check_action_space(sub, f"{where} entry {key!r}")
+        return
+    if not isinstance(space, ACTION_LEAVES):
+        raise EnvError(
+            f"{where} {space} is not supported; valid: Discrete, MultiDiscrete, MultiBinary, "
+            "Box, and Tuple or Dict of them"
+        )
 
 
 def _holds_image_or_text(space: spaces.Space) -> bool:
@@ -362,8 +389,8 @@ def log_dropped_entries(env_id: str, dropped: list[str], step_key: int | None = 
     if dropped:
         where = env_id if step_key is None else f"{env_id}, step key {step_key}"
         logging.getLogger(__name__).warning(
-            "env.id=%s: the observation entries %s are neither numbers nor text; the model does "
-            "not read them",
+            "env.id=%s: the observation entries %s are neither numbers of a fixed size nor "
+            "text; the model does not read them",
             where,
             ", ".join(dropped),
         )
