@@ -90,8 +90,14 @@ BOARD_GAMES = "pettingzoo.classic."
 """``env.id=pettingzoo.classic.connect_four_v3``: PettingZoo's board and card games, played
 against others: trained against random legal moves in half the games and itself in the rest
 (``mixed``), evaluated against random legal moves, so the best model is chosen on a win rate
-(the tictactoe experiments: self-play alone 72-76% against random, mixed 92.6%)."""
-BOARD_GAME_OPPONENTS = {"env.kwargs.opponent": "mixed", "env.eval_kwargs.opponent": "random"}
+(the tictactoe experiments: self-play alone 72-76% against random, mixed 92.6%), on 200 games
+an evaluation."""
+BOARD_GAME_SETTINGS = {
+    "env.kwargs.opponent": "mixed",
+    "env.eval_kwargs.opponent": "random",
+    # a win rate of 10 games is a lottery for the best-model choice (the tictactoe preset's 200)
+    "algorithm.rollout_evaluator.n_episodes": 200,
+}
 GENERIC_PRESET = "any_env"
 """What an env of no known family runs."""
 MAX_ENV_STEPS = 1_000_000
@@ -303,7 +309,7 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
     if board_game:  # what the tictactoe experiments found: both opponents, a win rate to read
         derived += [
             f"{key}={value}"
-            for key, value in BOARD_GAME_OPPONENTS.items()
+            for key, value in BOARD_GAME_SETTINGS.items()
             if not _overridden(overrides, key)
         ]
     if slow:
