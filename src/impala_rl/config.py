@@ -249,9 +249,11 @@ class EnvConfig:
     """A Gymnasium id (``MiniGrid-...``, ``MinAtar/...``, ``ALE/...`` and legacy
     ``PongNoFrameskip-v4`` ids are registered on demand, as are the ids of highway-env,
     flappy-bird-gymnasium, gymnasium-robotics, panda-gym and miniworld where installed; an id
-    nobody registers names the package to install where its family is known),
-    ``package.module:callable`` returning a Gymnasium env, or Gymnasium's ``package:EnvId``
-    (the package is imported, which registers the id)."""
+    nobody registers names the package to install where its family is known), a PettingZoo
+    env module (``pettingzoo.classic.connect_four_v3``, ``env.kwargs`` the arguments of
+    ``impala_rl.envs.pettingzoo:make_aec_env``), ``package.module:callable`` returning a
+    Gymnasium env, or Gymnasium's ``package:EnvId`` (the package is imported, which registers
+    the id)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for ``gymnasium.make`` or the factory."""
     max_episode_steps: int | None = None
