@@ -88,8 +88,6 @@ ID_PROVIDERS = (
     "gymnasium_robotics",
     "panda_gym",
     "miniworld",
-    "minigrid",
-    "ale_py",
 )
 """Packages whose ids (``highway-fast-v0``, ``FlappyBird-v0``, ``FetchReach-v4``...) have no
 common prefix: an id that nothing has registered is looked for in those of them that are
