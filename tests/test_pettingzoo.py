@@ -411,3 +411,23 @@ def test_tictactoe_typed_as_its_module_learns_to_beat_random_moves(tmp_path):
         run_dir=tmp_path,
     )
     assert _win_rate(tmp_path) > 0.75
+
+
+def test_a_game_that_cannot_be_imported_says_why_where_it_was_given(tmp_path, monkeypatch):
+    """The field the user typed (env.id, or env.kwargs.env) and the cause: no such game module,
+    or a game's own package missing (PettingZoo's extra for its family)."""
+    import pettingzoo.classic
+
+    from impala_rl.envs.pettingzoo import _import_aec
+
+    with pytest.raises(EnvError, match=r"env.id='pettingzoo.classic.no_such_v1'.*no such module"):
+        EnvFactory("pettingzoo.classic.no_such_v1")()
+    with pytest.raises(EnvError, match=r"env.kwargs.env='pettingzoo.classic.no_such_v1'"):
+        make_aec_env("pettingzoo.classic.no_such_v1")
+    # a classic game whose own package is missing, as chess without python-chess
+    (tmp_path / "impala_needs_v1.py").write_text("import impala_missing_board_lib\n")
+    monkeypatch.setattr(
+        pettingzoo.classic, "__path__", [*pettingzoo.classic.__path__, str(tmp_path)]
+    )
+    with pytest.raises(EnvError, match=r"the game needs impala_missing_board_lib: .*\[classic\]"):
+        _import_aec("pettingzoo.classic.impala_needs_v1", {}, "env.id")

@@ -260,7 +260,7 @@ class EnvFactory:
             kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}
             env = make_minatar_env(self.env_id, **kwargs)
         elif self.env_id.startswith(PETTINGZOO_PREFIX):
-            from impala_rl.envs.pettingzoo import make_aec_env
+            from impala_rl.envs.pettingzoo import make_aec_id_env
 
             if "env" in self.kwargs:
                 raise EnvError(
@@ -268,7 +268,7 @@ class EnvFactory:
                     "the game once, as env.id"
                 )
             try:
-                env = make_aec_env(self.env_id, **self.kwargs)
+                env = make_aec_id_env(self.env_id, **self.kwargs)
             except TypeError as exc:
                 raise EnvError(
                     f"env.kwargs for {self.env_id!r}: {exc}; valid: env_kwargs, opponent, "

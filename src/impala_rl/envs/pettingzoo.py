@@ -25,6 +25,7 @@ Observations with an ``action_mask`` keep it: the policy only picks legal moves.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 import gymnasium
@@ -36,16 +37,23 @@ from impala_rl.envs.structured import ActorID, StructuredEnv
 OPPONENTS = ("self_play", "random", "mixed")
 
 
-def _import_aec(env: str, env_kwargs: dict[str, Any]) -> Any:
+def _import_aec(env: str, env_kwargs: dict[str, Any], field: str = "env.kwargs.env") -> Any:
+    """The AEC env of module ``env`` (``field``: where the user gave it, for the errors)."""
     try:
         module = importlib.import_module(env)
     except ImportError as exc:
-        raise EnvError(
-            f"env.kwargs.env={env!r}: cannot import it ({exc}); PettingZoo envs need "
-            "pip install 'impala-rl[pettingzoo]'"
-        ) from None
+        missing = exc.name or ""
+        if importlib.util.find_spec("pettingzoo") is None:
+            hint = "PettingZoo envs need pip install 'impala-rl[pettingzoo]'"
+        elif missing in ("", env) or env.startswith(f"{missing}."):
+            hint = "no such module; a game is a module such as pettingzoo.classic.tictactoe_v3"
+        elif env.startswith("pettingzoo.") and env.count(".") >= 2:  # a game's own package
+            hint = f"the game needs {missing}: pip install 'pettingzoo[{env.split('.')[1]}]'"
+        else:
+            hint = f"it needs {missing}, which is not installed"
+        raise EnvError(f"{field}={env!r}: cannot import it ({exc}); {hint}") from None
     if not hasattr(module, "env"):
-        raise EnvError(f"env.kwargs.env={env!r} has no env() constructor (an AEC env module)")
+        raise EnvError(f"{field}={env!r} has no env() constructor (an AEC env module)")
     return module.env(**env_kwargs)
 
 
@@ -224,4 +232,21 @@ def make_aec_env(
     """The AEC env ``env`` (a module with ``env(**env_kwargs)``) as a structured env."""
     return AECStructuredEnv(
         _import_aec(env, dict(env_kwargs or {})), opponent, policy_per_agent, random_opponent_prob
+    )
+
+
+def make_aec_id_env(
+    env_id: str,
+    env_kwargs: dict[str, Any] | None = None,
+    opponent: str = "self_play",
+    policy_per_agent: bool = False,
+    random_opponent_prob: float = 0.5,
+) -> AECStructuredEnv:
+    """``env.id=pettingzoo.classic.connect_four_v3``: :func:`make_aec_env` of the module the id
+    names (``env.kwargs`` its other arguments; its errors name ``env.id``)."""
+    return AECStructuredEnv(
+        _import_aec(env_id, dict(env_kwargs or {}), "env.id"),
+        opponent,
+        policy_per_agent,
+        random_opponent_prob,
     )
