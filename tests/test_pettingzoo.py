@@ -431,3 +431,9 @@ def test_a_game_that_cannot_be_imported_says_why_where_it_was_given(tmp_path, mo
     )
     with pytest.raises(EnvError, match=r"the game needs impala_missing_board_lib: .*\[classic\]"):
         _import_aec("pettingzoo.classic.impala_needs_v1", {}, "env.id")
+    # one that imports its package only when built, as Hanabi does OpenSpiel
+    (tmp_path / "impala_builds_v1.py").write_text(
+        "def env(**kwargs):\n    raise ImportError('needs OpenSpiel: pip install open_spiel')\n"
+    )
+    with pytest.raises(EnvError, match=r"env.id='pettingzoo.classic.impala_builds_v1': needs Open"):
+        EnvFactory("pettingzoo.classic.impala_builds_v1")()

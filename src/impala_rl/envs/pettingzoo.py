@@ -54,7 +54,10 @@ def _import_aec(env: str, env_kwargs: dict[str, Any], field: str = "env.kwargs.e
         raise EnvError(f"{field}={env!r}: cannot import it ({exc}); {hint}") from None
     if not hasattr(module, "env"):
         raise EnvError(f"{field}={env!r} has no env() constructor (an AEC env module)")
-    return module.env(**env_kwargs)
+    try:
+        return module.env(**env_kwargs)
+    except ImportError as exc:  # a game that imports its package when built (Hanabi: OpenSpiel)
+        raise EnvError(f"{field}={env!r}: {exc}") from None
 
 
 class AECStructuredEnv(StructuredEnv):
