@@ -437,3 +437,48 @@ def test_a_game_that_cannot_be_imported_says_why_where_it_was_given(tmp_path, mo
     )
     with pytest.raises(EnvError, match=r"env.id='pettingzoo.classic.impala_builds_v1': needs Open"):
         EnvFactory("pettingzoo.classic.impala_builds_v1")()
+
+
+class _FoldFirst(_MaskedMoves):
+    """The first move may end the game (0: fold, as in poker); ``fold_only``: it must."""
+
+    def __init__(self, fold_only: bool = False):
+        from gymnasium import spaces
+
+        super().__init__(spaces.Discrete(2))
+        self.fold_only = fold_only
+
+    def _new_mask(self):
+        self._mask = np.array([1, 0 if self.fold_only and self._turn == 0 else 1], np.int8)
+
+    def reset(self, seed=None, options=None):
+        self._turn = 0
+        super().reset(seed, options)
+
+    def step(self, action):
+        if self._turn == 0 and action == 0 and not self.terminations[self.agent_selection]:
+            self.moves.append((self._mask.copy(), action))
+            self.terminations = {a: True for a in self.agents}
+            self.rewards = {a: 0.0 for a in self.agents}
+            self._mask = np.zeros(2, np.int8)
+            return
+        super().step(action)
+
+
+def test_a_game_the_opponent_ends_before_the_learner_moves_is_dealt_again():
+    """Poker's first player may fold: against random opponents a reset that ends the game
+    before the learning seat's first move deals again, so every episode starts with a legal
+    decision (the learner stepping a finished game was the env's ValueError)."""
+    from impala_rl.envs.pettingzoo import AECStructuredEnv
+
+    env = AECStructuredEnv(_FoldFirst(), opponent="random")
+    second_seat = 0
+    for episode in range(40):
+        obs, _ = env.reset(seed=episode)
+        assert obs["action_mask"].any() and not env._over()
+        second_seat += env._learner_seat == 1
+        env.step(1)  # a legal move (play on): the env accepts it
+    assert second_seat >= 10  # the opponent moved first in these, folding in about half
+    with pytest.raises(EnvError, match="ended 100 games in a row"):
+        always = AECStructuredEnv(_FoldFirst(fold_only=True), opponent="random")
+        always.reset(seed=1)  # seat 1: the opponent's only first move is a fold

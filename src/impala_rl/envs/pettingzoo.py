@@ -35,6 +35,8 @@ from impala_rl.envs.spaces import EnvError
 from impala_rl.envs.structured import ActorID, StructuredEnv
 
 OPPONENTS = ("self_play", "random", "mixed")
+REDEALS = 100
+"""Games a reset deals at most until the learning seat gets a move against random opponents."""
 
 
 def _import_aec(env: str, env_kwargs: dict[str, Any], field: str = "env.kwargs.env") -> Any:
@@ -170,8 +172,18 @@ class AECStructuredEnv(StructuredEnv):
         if self.opponent == "mixed":
             self._vs_random = bool(self._rng.random() < self.random_opponent_prob)
         if self._vs_random:
-            rewards = np.zeros(len(self.seats))
-            self._play_opponents(rewards)
+            for _ in range(REDEALS):
+                self._play_opponents(np.zeros(len(self.seats)))
+                if not self._over():
+                    break
+                # the opponents ended the game before the learner's first move (a poker fold):
+                # no decision to learn from, so the game is dealt again (seeded from the env's)
+                self.aec.reset(seed=int(self._rng.integers(2**31)))
+            else:
+                raise EnvError(
+                    f"the random opponents ended {REDEALS} games in a row before the learning "
+                    "seat moved"
+                )
         return self._observation(), {}
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict]:
