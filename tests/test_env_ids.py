@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
 
 from impala_rl.envs import factory as env_factory
@@ -156,3 +157,48 @@ def test_ids_of_installed_packages_run_as_their_docs_type_them(env_id):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
     )
     assert out.stdout.split()[-1] == env_id
+
+
+class _StepOf(gym.Env):
+    """A one-observation env whose step returns what ``result`` says (the old Gym API's four
+    values, a reward in an array) to see what the factory's probe says."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, result: str = "ok"):
+        self.result = result
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        obs = np.zeros(2, np.float32)
+        if self.result == "old_api":
+            return obs, 1.0, False, {}
+        reward = {"array": np.array([1.0]), "int": 1, "float32": np.float32(1.0)}.get(
+            self.result, 1.0
+        )
+        return obs, reward, False, False, {}
+
+
+@pytest.mark.parametrize(
+    ("result", "error"),
+    [
+        ("old_api", r"step returned 4 values; valid: Gymnasium's \(obs, reward, terminated"),
+        ("array", r"step's reward is ndarray of shape \(1,\).*valid: a number"),
+        ("int", None),
+        ("float32", None),
+    ],
+)
+def test_a_step_off_gymnasiums_api_is_named_before_training(result, error):
+    from impala_rl.config import EnvConfig
+    from impala_rl.envs import make_env_factory
+
+    cfg = EnvConfig(id="test_env_ids:_StepOf", kwargs={"result": result})
+    if error is None:
+        make_env_factory(cfg)
+    else:
+        with pytest.raises(EnvError, match=error):
+            make_env_factory(cfg)

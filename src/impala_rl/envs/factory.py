@@ -465,11 +465,40 @@ def make_env_factory(env_cfg: Any) -> EnvFactory:
                 log_dropped_entries(env_cfg.id, KeyObservation(space, k).dropped, k)
         else:
             log_dropped_entries(env_cfg.id, getattr(probe, "dropped", []))
+            check_step_api(env_cfg.id, probe)
         _log_image_conversions(env_cfg.id, probe)
         probe.close()
     finally:
         factory.check_env = False
     return factory
+
+
+def check_step_api(env_id: str, env: gym.Env) -> None:
+    """One reset and one random step of the env itself (under every wrapper), held against
+    Gymnasium's API before training starts: ``step`` returns ``(obs, reward, terminated,
+    truncated, info)`` and the reward is a number. An env written for the old Gym API, or one
+    that returns its reward as an array, is an :class:`EnvError` that says what to change; any
+    other error of the env is left to the run, where it happens with its traceback."""
+    raw = env.unwrapped
+    try:
+        raw.reset(seed=0)
+        result = raw.step(raw.action_space.sample())
+    except Exception:
+        return
+    if not isinstance(result, tuple) or len(result) != 5:
+        count = len(result) if isinstance(result, tuple) else type(result).__name__
+        raise EnvError(
+            f"env.id {env_id!r}: step returned {count} values; valid: Gymnasium's (obs, reward, "
+            "terminated, truncated, info). An env of the old Gym API returns (obs, reward, "
+            "done, info): return terminated and truncated instead of done"
+        )
+    reward = result[1]
+    if np.ndim(reward) != 0 or not np.isrealobj(reward):
+        shape = f" of shape {np.shape(reward)}" if np.ndim(reward) else ""
+        raise EnvError(
+            f"env.id {env_id!r}: step's reward is {type(reward).__name__}{shape} "
+            f"({reward!r}); valid: a number (return float(reward))"
+        )
 
 
 def _log_image_conversions(env_id: str, env: gym.Env) -> None:
