@@ -160,8 +160,9 @@ def test_ids_of_installed_packages_run_as_their_docs_type_them(env_id):
 
 
 class _StepOf(gym.Env):
-    """A one-observation env whose step returns what ``result`` says (the old Gym API's four
-    values, a reward in an array) to see what the factory's probe says."""
+    """A one-observation env whose reset and step return what ``result`` says (the old Gym
+    API's observation alone and four values, a reward in an array, an observation of another
+    shape) to see what the factory's probe says."""
 
     observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
     action_space = gym.spaces.Discrete(2)
@@ -171,7 +172,9 @@ class _StepOf(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        return np.zeros(2, np.float32), {}
+        if self.result == "old_reset":
+            return np.zeros(2, np.float32)
+        return np.zeros(3 if self.result == "shape" else 2, np.float32), {}
 
     def step(self, action):
         obs = np.zeros(2, np.float32)
@@ -188,6 +191,8 @@ class _StepOf(gym.Env):
     [
         ("old_api", r"step returned 4 values; valid: Gymnasium's \(obs, reward, terminated"),
         ("array", r"step's reward is ndarray of shape \(1,\).*valid: a number"),
+        ("old_reset", r"reset returned ndarray; valid: Gymnasium's \(obs, info\)"),
+        ("shape", r"reset returned an observation of shape \(3,\); its observation_space is"),
         ("int", None),
         ("float32", None),
     ],

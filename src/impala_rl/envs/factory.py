@@ -481,7 +481,17 @@ def check_step_api(env_id: str, env: gym.Env) -> None:
     other error of the env is left to the run, where it happens with its traceback."""
     raw = env.unwrapped
     try:
-        raw.reset(seed=0)
+        reset = raw.reset(seed=0)
+    except Exception:
+        return
+    if not (isinstance(reset, tuple) and len(reset) == 2 and isinstance(reset[1], dict)):
+        raise EnvError(
+            f"env.id {env_id!r}: reset returned {type(reset).__name__}; valid: Gymnasium's "
+            "(obs, info). An env of the old Gym API returns the observation alone: return "
+            "(obs, {})"
+        )
+    _check_observation_shape(env_id, raw.observation_space, reset[0], "reset")
+    try:
         result = raw.step(raw.action_space.sample())
     except Exception:
         return
@@ -492,6 +502,7 @@ def check_step_api(env_id: str, env: gym.Env) -> None:
             "terminated, truncated, info). An env of the old Gym API returns (obs, reward, "
             "done, info): return terminated and truncated instead of done"
         )
+    _check_observation_shape(env_id, raw.observation_space, result[0], "step")
     reward = result[1]
     if np.ndim(reward) != 0 or not np.isrealobj(reward):
         shape = f" of shape {np.shape(reward)}" if np.ndim(reward) else ""
@@ -499,6 +510,20 @@ def check_step_api(env_id: str, env: gym.Env) -> None:
             f"env.id {env_id!r}: step's reward is {type(reward).__name__}{shape} "
             f"({reward!r}); valid: a number (return float(reward))"
         )
+
+
+def _check_observation_shape(env_id: str, space: gym.Space, obs: Any, where: str) -> None:
+    """A ``Box`` observation that does not fit the space's shape (as the rollout slots store
+    it) is an :class:`EnvError` naming both shapes."""
+    if not isinstance(space, gym.spaces.Box):
+        return
+    try:
+        np.empty(space.shape, space.dtype)[...] = obs
+    except (ValueError, TypeError):
+        raise EnvError(
+            f"env.id {env_id!r}: {where} returned an observation of shape {np.shape(obs)}; "
+            f"its observation_space is {space} (shape {space.shape})"
+        ) from None
 
 
 def _log_image_conversions(env_id: str, env: gym.Env) -> None:
