@@ -20,7 +20,7 @@ from impala_rl.config import (
     load_config,
     planned_optimizer_steps,
 )
-from impala_rl.learner import Learner, has_convolutions
+from impala_rl.learner import Learner, has_pixel_convolutions
 from impala_rl.nn.factory import build_model
 from impala_rl.nn.popart import PopArtValueHead
 
@@ -112,7 +112,7 @@ def test_an_lstm_core_is_not_compiled_and_trains_eagerly(caplog):
     assert "compile_update: the update runs eagerly: the LSTM core" in caplog.text
 
 
-def test_compile_update_null_compiles_an_mlp_only_on_a_long_run():
+def test_compile_update_null_compiles_an_mlp_or_a_grid_cnn_only_on_a_long_run():
     cfg = ImpalaAlgorithmConfig(compile_update=None)
     mlp = _vector_model()
     cnn = build_model(
@@ -120,7 +120,14 @@ def test_compile_update_null_compiles_an_mlp_only_on_a_long_run():
         gym.spaces.Box(0, 255, (4, 84, 84), np.uint8),
         gym.spaces.Discrete(6),
     )
-    assert not has_convolutions(mlp) and has_convolutions(cnn)
+    grid = build_model(  # the minigrid preset's encoder: convolutions over a 7x7 view
+        ModelConfig(encoder="impala_rl.nn.grid:GridEncoder"),
+        gym.spaces.Box(0, 10, (3, 7, 7), np.uint8),
+        gym.spaces.Discrete(7),
+    )
+    assert not has_pixel_convolutions(mlp) and has_pixel_convolutions(cnn)
+    assert not has_pixel_convolutions(grid), "a grid's small CNN is overhead-bound"
+    assert Learner(grid, cfg, planned_steps=COMPILE_MIN_STEPS).compiled is None  # wanted
     assert compile_pays(False, COMPILE_MIN_STEPS) and not compile_pays(False, COMPILE_MIN_STEPS - 1)
     assert not compile_pays(True, float("inf")), "a CNN's step is not per-op overhead"
     assert Learner(mlp, cfg, planned_steps=COMPILE_MIN_STEPS).compiled is None  # wanted

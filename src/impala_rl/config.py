@@ -156,8 +156,9 @@ class ImpalaAlgorithmConfig:
     eagerly; an update that cannot be one program, e.g. an encoder of yours that reads a
     number back to the host, runs eagerly too and says so at the first update); ``null`` (the
     ``any_env`` preset's):
-    that, for a model without convolutions over a run of at least 10,000 optimizer steps (a
-    shorter run does not win the compile back); ``false``: always eager."""
+    that, for a model without convolutions over images longer than 16 pixels a side (an MLP,
+    a grid world's small CNN) over a run of at least 10,000 optimizer steps (a shorter run does
+    not win the compile back); ``false``: always eager."""
     queue_out_of_sync_factor: float = 1.0
     """At most ``factor * actors_batch_size`` finished rollouts wait for the learner."""
     broadcast_every: int | None = 1
@@ -1000,11 +1001,18 @@ COMPILE_MIN_STEPS = 10_000
 steps: at ~4 ms saved a step they win back a ~20-30 s compile on 2 cores."""
 
 
-def compile_pays(convolutions: bool, planned_steps: float) -> bool:
+COMPILE_GRID_SIDE = 16
+"""Convolutions over images of at most this many cells a side (a grid world's 7x7 view) leave
+the step bound by per-op overhead, as an MLP's is: ``compile_update=null`` compiles them too
+(MiniGrid Unlock under the ``minigrid`` preset: a batch's learner work 0.81x, the whole
+100k-step run 0.78x, the same score; docs/experiments/any-env.md)."""
+
+
+def compile_pays(pixel_convolutions: bool, planned_steps: float) -> bool:
     """``compile_update=null``'s rule, for the learner and the console alike: a model without
-    convolutions (whose step is mostly per-op overhead) over at least
-    :data:`COMPILE_MIN_STEPS` optimizer steps."""
-    return not convolutions and planned_steps >= COMPILE_MIN_STEPS
+    convolutions over images longer than :data:`COMPILE_GRID_SIDE` (its step then mostly
+    per-op overhead) over at least :data:`COMPILE_MIN_STEPS` optimizer steps."""
+    return not pixel_convolutions and planned_steps >= COMPILE_MIN_STEPS
 
 
 def one_program_refusal(

@@ -47,6 +47,7 @@ import gymnasium as gym
 import numpy as np
 
 from impala_rl.config import (
+    COMPILE_GRID_SIDE,
     VECTOR_ENCODERS,
     ConfigError,
     RunConfig,
@@ -62,7 +63,14 @@ from impala_rl.config import (
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.atari import AtariSettings, is_ale_id, sticky_actions
 from impala_rl.envs.structured import KeyObservation, MaskedActionsEnv, is_structured
-from impala_rl.nn.encoders import IMAGE_ENCODERS, encoder_for, fitting_cnn, is_cnn_image, is_image
+from impala_rl.nn.encoders import (
+    IMAGE_ENCODERS,
+    encoder_for,
+    fitting_cnn,
+    is_cnn_image,
+    is_image,
+    largest_image_side,
+)
 from impala_rl.sizing import size_to_machine
 from impala_rl.startup import resolve_device
 
@@ -242,17 +250,21 @@ def step_seconds(env: Any, budget_s: float = STEP_TIMING_S, max_steps: int = 200
     return spent / steps
 
 
+def model_observations(env: Any) -> list[gym.Space]:
+    """``env``'s observation spaces as the model takes them: one, or a structured env's per
+    step key."""
+    if is_structured(env):
+        return [KeyObservation(s, k).space for k, s in env.observation_spaces.items()]
+    return [env.observation_space]
+
+
 def has_image(env: Any) -> bool:
     """Whether ``env``'s observation is an image that the model reads with a CNN
     (:func:`~impala_rl.nn.encoders.is_cnn_image`), or a Dict holding one, for a structured env
     under any step key."""
-    if is_structured(env):  # each key's observation as the model takes it
-        observations = [KeyObservation(s, k).space for k, s in env.observation_spaces.items()]
-    else:
-        observations = [env.observation_space]
     entries = [
         entry
-        for obs in observations
+        for obs in model_observations(env)
         for entry in (obs.spaces.values() if isinstance(obs, gym.spaces.Dict) else [obs])
     ]
     return any(is_cnn_image(e) for e in entries)
@@ -281,6 +293,7 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
     try:
         spaces, model = describe_spaces(probe)
         images = has_image(probe)
+        image_side = largest_image_side(model_observations(probe))
         step_s = step_seconds(probe) if _steps_in_one_process(preset_cfg) else 0.0
         step_keys = len(probe.observation_spaces) if is_structured(probe) else 1
         observation = None if is_structured(probe) else probe.observation_space
@@ -380,7 +393,9 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
     # the model's CNN)
     wanted = a.compile_update
     if wanted is None:
-        wanted = compile_pays(images, planned_optimizer_steps(cfg))
+        wanted = compile_pays(
+            images and image_side > COMPILE_GRID_SIDE, planned_optimizer_steps(cfg)
+        )
     refusal = one_program_refusal(
         several_learners=a.num_learners > 1,
         step_keys=step_keys,

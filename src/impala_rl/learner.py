@@ -25,6 +25,7 @@ import torch
 
 from impala_rl import losses, vtrace
 from impala_rl.config import (
+    COMPILE_GRID_SIDE,
     ImpalaAlgorithmConfig,
     check_num_minibatches,
     compile_pays,
@@ -34,6 +35,7 @@ from impala_rl.config import (
 )
 from impala_rl.distributed import LearnerGroup
 from impala_rl.nn import Model
+from impala_rl.nn.encoders import largest_image_side
 from impala_rl.nn.observations import Obs, map_obs, read_obs
 from impala_rl.nn.popart import sigma_of
 from impala_rl.rollout import columns
@@ -380,11 +382,16 @@ def compile_refusal(model: Model, device: torch.device, group: LearnerGroup | No
     return _one_program_refusal(model, group)
 
 
-def has_convolutions(model: Model) -> bool:
-    """Whether ``model`` holds a convolution (its step is then compute, not per-op overhead,
-    and :func:`~impala_rl.config.compile_pays` says no)."""
+def has_pixel_convolutions(model: Model) -> bool:
+    """Whether ``model`` holds a convolution and reads an image longer than
+    :data:`~impala_rl.config.COMPILE_GRID_SIDE` a side (its step is then compute, not per-op
+    overhead, and :func:`~impala_rl.config.compile_pays` says no; a grid world's 7x7 view is
+    overhead-bound as an MLP is)."""
     conv = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-    return any(isinstance(m, conv) for m in model.modules())
+    if not any(isinstance(m, conv) for m in model.modules()):
+        return False
+    spaces = getattr(model, "observation_spaces", {}).values()
+    return largest_image_side(spaces) > COMPILE_GRID_SIDE
 
 
 class CapturedStep:
@@ -664,7 +671,7 @@ class Learner:
         # ``planned_steps`` (optimizer steps); ``compiled`` is decided at the first update
         wanted = cfg.compile_update
         if wanted is None:
-            wanted = compile_pays(has_convolutions(model), planned_steps)
+            wanted = compile_pays(has_pixel_convolutions(model), planned_steps)
         self.compiled: bool | None = None if wanted else False
         self._compiled: Any = None
         self._compiled_ran = False  # a failure after the first compiled update is real

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -367,6 +367,16 @@ def is_image(space: gymnasium.Space | None) -> bool:
         and space.dtype == np.uint8
         and len(space.shape) == 3
     )
+
+
+def largest_image_side(spaces: Iterable[gymnasium.Space]) -> int:
+    """The longest side of the images (:func:`is_image`) among ``spaces`` and their Dict
+    entries; 0 without one."""
+    sides = [0]
+    for space in spaces:
+        entries = space.spaces.values() if isinstance(space, gymnasium.spaces.Dict) else [space]
+        sides += [max(int(d) for d in s.shape[1:]) for s in entries if is_image(s)]
+    return max(sides)
 
 
 def fitting_cnn(shape: Sequence[int]) -> str:
