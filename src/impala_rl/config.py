@@ -1008,11 +1008,17 @@ the step bound by per-op overhead, as an MLP's is: ``compile_update=null`` compi
 100k-step run 0.78x, the same score; docs/experiments/any-env.md)."""
 
 
-def compile_pays(pixel_convolutions: bool, planned_steps: float) -> bool:
+def pixel_convolutions(convolutions: bool, image_side: int) -> bool:
+    """Convolutions over an image longer than :data:`COMPILE_GRID_SIDE` a side (``image_side``:
+    the longest image side the model reads): a step of compute, not per-op overhead."""
+    return convolutions and image_side > COMPILE_GRID_SIDE
+
+
+def compile_pays(pixels: bool, planned_steps: float) -> bool:
     """``compile_update=null``'s rule, for the learner and the console alike: a model without
-    convolutions over images longer than :data:`COMPILE_GRID_SIDE` (its step then mostly
+    ``pixels``, convolutions over images longer than :data:`COMPILE_GRID_SIDE` (its step then mostly
     per-op overhead) over at least :data:`COMPILE_MIN_STEPS` optimizer steps."""
-    return not pixel_convolutions and planned_steps >= COMPILE_MIN_STEPS
+    return not pixels and planned_steps >= COMPILE_MIN_STEPS
 
 
 def one_program_refusal(

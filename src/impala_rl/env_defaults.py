@@ -47,7 +47,6 @@ import gymnasium as gym
 import numpy as np
 
 from impala_rl.config import (
-    COMPILE_GRID_SIDE,
     VECTOR_ENCODERS,
     ConfigError,
     RunConfig,
@@ -57,6 +56,7 @@ from impala_rl.config import (
     load_config,
     merge_config,
     one_program_refusal,
+    pixel_convolutions,
     planned_optimizer_steps,
     user_file_keys,
 )
@@ -393,9 +393,7 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
     # the model's CNN)
     wanted = a.compile_update
     if wanted is None:
-        wanted = compile_pays(
-            images and image_side > COMPILE_GRID_SIDE, planned_optimizer_steps(cfg)
-        )
+        wanted = compile_pays(pixel_convolutions(images, image_side), planned_optimizer_steps(cfg))
     refusal = one_program_refusal(
         several_learners=a.num_learners > 1,
         step_keys=step_keys,
@@ -407,14 +405,12 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
     encoder = encoder_for(cfg.model.encoder, observation) if observation is not None else "auto"
     encoder = "encoders fitted to the spaces" if encoder == "auto" else f"{encoder} encoder"
     if board_game:
-        opponents = {"mixed": "itself and random legal moves", "random": "random legal moves"}
-        train, ev_opponent = (
-            cfg.env.kwargs.get("opponent", "self_play"),
-            cfg.env.eval_kwargs.get("opponent", cfg.env.kwargs.get("opponent", "self_play")),
-        )
+        against = {"mixed": "itself and random legal moves", "random": "random legal moves"}
+        train = cfg.env.kwargs.get("opponent", "self_play")
+        evaluated = cfg.env.eval_kwargs.get("opponent", train)
         evaluation += (
-            f"; a board game: trained against {opponents.get(train, 'itself')}, evaluated "
-            f"against {opponents.get(ev_opponent, 'itself')}"
+            f"; a board game: trained against {against.get(train, 'itself')}, evaluated "
+            f"against {against.get(evaluated, 'itself')}"
         )
     line = (
         f"{chosen} for {env_cfg.id} ({spaces}); {target}; {evaluation}; "

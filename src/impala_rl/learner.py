@@ -25,12 +25,12 @@ import torch
 
 from impala_rl import losses, vtrace
 from impala_rl.config import (
-    COMPILE_GRID_SIDE,
     ImpalaAlgorithmConfig,
     check_num_minibatches,
     compile_pays,
     decay_horizon,
     one_program_refusal,
+    pixel_convolutions,
     steps_per_batch,
 )
 from impala_rl.distributed import LearnerGroup
@@ -388,10 +388,9 @@ def has_pixel_convolutions(model: Model) -> bool:
     overhead, and :func:`~impala_rl.config.compile_pays` says no; a grid world's 7x7 view is
     overhead-bound as an MLP is)."""
     conv = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-    if not any(isinstance(m, conv) for m in model.modules()):
-        return False
+    convolutions = any(isinstance(m, conv) for m in model.modules())
     spaces = getattr(model, "observation_spaces", {}).values()
-    return largest_image_side(spaces) > COMPILE_GRID_SIDE
+    return pixel_convolutions(convolutions, largest_image_side(spaces))
 
 
 class CapturedStep:

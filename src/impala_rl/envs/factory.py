@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
+import inspect
 import logging
 import sys
 import time
@@ -260,20 +261,25 @@ class EnvFactory:
             kwargs = {"disable_env_checker": not self.check_env, **self.kwargs}
             env = make_minatar_env(self.env_id, **kwargs)
         elif self.env_id.startswith(PETTINGZOO_PREFIX):
-            from impala_rl.envs.pettingzoo import make_aec_id_env
+            from impala_rl.envs.pettingzoo import make_aec_env
 
             if "env" in self.kwargs:
                 raise EnvError(
                     f"env.kwargs.env={self.kwargs['env']!r} with env.id={self.env_id!r}: give "
                     "the game once, as env.id"
                 )
-            try:
-                env = make_aec_id_env(self.env_id, **self.kwargs)
-            except TypeError as exc:
+            taken = [
+                name
+                for name, p in inspect.signature(make_aec_env).parameters.items()
+                if p.kind is p.POSITIONAL_OR_KEYWORD and name != "env"
+            ]
+            unknown = sorted(set(self.kwargs) - set(taken))
+            if unknown:
                 raise EnvError(
-                    f"env.kwargs for {self.env_id!r}: {exc}; valid: env_kwargs, opponent, "
-                    "policy_per_agent, random_opponent_prob"
-                ) from None
+                    f"env.kwargs for {self.env_id!r}: {unknown} not taken; valid: "
+                    + ", ".join(taken)
+                )
+            env = make_aec_env(self.env_id, **self.kwargs, game_field="env.id")
         elif is_ale_id(self.env_id):
             from impala_rl.envs.atari import make_ale_id_env
 

@@ -243,24 +243,14 @@ def make_aec_env(
     opponent: str = "self_play",
     policy_per_agent: bool = False,
     random_opponent_prob: float = 0.5,
+    *,
+    game_field: str = "env.kwargs.env",
 ) -> AECStructuredEnv:
-    """The AEC env ``env`` (a module with ``env(**env_kwargs)``) as a structured env."""
+    """The AEC env ``env`` (a module with ``env(**env_kwargs)``) as a structured env;
+    ``game_field``: where the user named the game (``env.id`` for
+    ``env.id=pettingzoo.classic.connect_four_v3``), for the errors."""
     return AECStructuredEnv(
-        _import_aec(env, dict(env_kwargs or {})), opponent, policy_per_agent, random_opponent_prob
-    )
-
-
-def make_aec_id_env(
-    env_id: str,
-    env_kwargs: dict[str, Any] | None = None,
-    opponent: str = "self_play",
-    policy_per_agent: bool = False,
-    random_opponent_prob: float = 0.5,
-) -> AECStructuredEnv:
-    """``env.id=pettingzoo.classic.connect_four_v3``: :func:`make_aec_env` of the module the id
-    names (``env.kwargs`` its other arguments; its errors name ``env.id``)."""
-    return AECStructuredEnv(
-        _import_aec(env_id, dict(env_kwargs or {}), "env.id"),
+        _import_aec(env, dict(env_kwargs or {}), game_field),
         opponent,
         policy_per_agent,
         random_opponent_prob,
