@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import subprocess
 import sys
+import threading
 import time
 
 import gymnasium as gym
@@ -154,7 +155,7 @@ def test_an_unknown_background_evaluation_is_refused_naming_the_field():
 
 def test_a_model_that_does_not_pickle_is_refused_naming_the_field():
     model, factory = _cartpole()
-    model.not_picklable = lambda: None  # e.g. a closure kept on the user's network
+    model.not_picklable = threading.Lock()  # e.g. a lock kept on the user's network
     with pytest.raises(ValueError, match=r"background=process .* does not pickle"):
         ProcessEvaluator(model, factory, lambda t: t, lambda s: None, n_episodes=1)
     assert _children_left() == []

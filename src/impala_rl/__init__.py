@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,13 @@ def train(
     overrides: list[str] | None = None,
     run_dir: str | Path | None = None,
     resume: bool = False,
+    env: str | Callable[..., Any] | None = None,
 ) -> dict[str, Any]:
     """Train as the CLI does. ``config``: a :class:`RunConfig`, a preset name or a YAML path;
-    ``None``: defaults for the ``env.id`` in ``overrides`` (else the ``cartpole`` preset)."""
+    ``None``: defaults for the ``env.id`` in ``overrides`` (else the ``cartpole`` preset).
+    ``env``: the ``env.id`` itself, an id or a class or function returning a
+    ``gymnasium.Env`` (``train(env=MyEnv)``; one defined in a notebook too), its arguments
+    ``env.kwargs.*`` in ``overrides``."""
     from impala_rl.config import RunConfig, load_config, to_dict
     from impala_rl.distributed import check_not_importing_main
     from impala_rl.env_defaults import resolve_config
@@ -27,6 +32,8 @@ def train(
     from impala_rl.trainer import Trainer
 
     check_not_importing_main()
+    if env is not None:
+        overrides = [f"env.id={_env_id(env)}", *(overrides or [])]
     if resume:
         if run_dir is None:
             raise ValueError("resume=True needs run_dir")
@@ -36,6 +43,29 @@ def train(
     else:
         cfg = resolve_config(config, overrides)
     return Trainer(cfg, run_dir=run_dir, resume=resume).train()
+
+
+def _env_id(env: str | Callable[..., Any]) -> str:
+    """The ``env.id`` of ``train``'s ``env``: an id as it is, a callable as its import path
+    (``module:qualname``, which every process of the run imports, or carries by value for a
+    notebook's)."""
+    if isinstance(env, str):
+        return env
+    spec = getattr(env, "spec", None)
+    if hasattr(env, "step") and hasattr(env, "reset") and not isinstance(env, type):
+        made = f" (made from the id {spec.id!r}: env={spec.id!r})" if spec is not None else ""
+        raise ValueError(
+            f"env={env!r} is an env, not what builds one: the run builds a copy per actor env; "
+            f"pass its class or a function that returns one{made}"
+        )
+    module, name = getattr(env, "__module__", None), getattr(env, "__qualname__", "")
+    if not callable(env) or not module or not name or "<" in name:
+        raise ValueError(
+            f"env={env!r}: valid: an env id, or a class or function defined at a module's top "
+            "level (a lambda or a function defined inside another has no name the run's "
+            "processes can find)"
+        )
+    return f"{module}:{name}"
 
 
 def load_policy(run_dir: str | Path, which: str = "best") -> Any:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+import cloudpickle
 import gymnasium as gym
 import numpy as np
 import torch
@@ -238,7 +239,7 @@ class ProcessEvaluator:
         ctx = mp.get_context("spawn")
         self._cancel = ctx.RawValue("b", 0)  # a flag in shared memory (no named semaphore)
         try:
-            model_bytes = pickle.dumps(copy.deepcopy(model).cpu())
+            model_bytes = cloudpickle.dumps(copy.deepcopy(model).cpu())
             pickle.dumps(env_factory)
         except Exception as exc:
             raise ValueError(

@@ -49,6 +49,7 @@ from collections import defaultdict
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+import cloudpickle
 import torch
 
 from impala_rl.nn import Acted, Model
@@ -382,7 +383,7 @@ class InferenceProcess:
         self.process = ctx.Process(
             target=_server_main,
             name=f"impala-inference-{index}" if count > 1 else "impala-inference",
-            args=(pickle.dumps(model), buffers, str(device), weights, child, seed),
+            args=(cloudpickle.dumps(model), buffers, str(device), weights, child, seed),
             daemon=True,
         )
         self.process.start()

@@ -47,6 +47,7 @@ from multiprocessing import util as mp_util
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+import cloudpickle
 import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
@@ -278,9 +279,12 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
     # -- life cycle ----------------------------------------------------------------------------
     def _prepare(self) -> None:
         pickled = {}
+        # the factory goes as a process argument; the policy as bytes, by value where its
+        # classes are a notebook's (cloudpickle: an interactive main module has no file)
+        dumps = {"env factory": pickle.dumps, "policy": cloudpickle.dumps}
         for name, obj in (("env factory", self.env_factory), ("policy", self._template)):
             try:
-                pickled[name] = pickle.dumps(obj)
+                pickled[name] = dumps[name](obj)
             except Exception as exc:
                 raise ActorError(
                     f"the {name} {obj!r} cannot be sent to an actor process "

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 import gymnasium as gym
 import numpy as np
 
@@ -115,6 +116,13 @@ def _import_target(spec: str) -> Callable[..., gym.Env] | str:
         return target
     if attr in gym.registry:
         return attr
+    if module_name == "__main__":
+        raise EnvError(
+            f"env.id {spec!r}: this process's main module has no {attr!r}; a callable of an "
+            "interactive session's main module (a notebook, python -c) exists in that session "
+            "alone: evaluate or resume the run there, or define it in a module and name it "
+            f"'package.module:{attr}'"
+        )
     raise EnvError(
         f"env.id {spec!r}: {attr!r} is neither a callable nor a Gymnasium id of module "
         f"{module_name!r}; valid: 'package.module:callable' (returning a gymnasium.Env) or "
@@ -122,8 +130,16 @@ def _import_target(spec: str) -> Callable[..., gym.Env] | str:
     )
 
 
-def _import_callable(spec: str) -> Callable[..., gym.Env] | None:
-    """The callable ``module:callable`` names; ``None`` for a ``module:EnvId``."""
+def session_callable(spec: str) -> Callable[..., gym.Env] | None:
+    """The callable ``spec`` names when it belongs to an interactive session's main module
+    (a notebook, ``python -c``: a ``__main__`` with no file), else ``None``. A process started
+    with ``spawn`` or ``forkserver`` (actors, the evaluation) has no such module to import it
+    from, so :class:`EnvFactory` carries it by value (cloudpickle), as SB3's subprocess envs
+    carry theirs."""
+    module_name, sep, _ = spec.partition(":")
+    main = sys.modules.get("__main__")
+    if not sep or module_name != "__main__" or main is None or getattr(main, "__file__", None):
+        return None
     target = _import_target(spec)
     return None if isinstance(target, str) else target
 
@@ -225,6 +241,28 @@ class EnvFactory:
         self.float_images = bool(float_images)  # a float image read as a uint8 one
         self.check_env = False  # Gymnasium's env checker: only on the probe, off the hot path
         self.structured: bool | None = None  # known once an env was built (travels pickled)
+        self._carried: Callable[..., gym.Env] | None = None  # a session's callable, by value
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with the callable itself where ``env_id`` names one of an interactive
+        session (:func:`session_callable`), which other processes cannot import."""
+        state = self.__dict__.copy()
+        carried = self._carried if self._carried is not None else self._session_target()
+        state["_carried"] = None if carried is None else cloudpickle.dumps(carried)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        carried = state.pop("_carried", None)
+        self.__dict__.update(state)
+        self._carried = None if carried is None else cloudpickle.loads(carried)
+
+    def _session_target(self) -> Callable[..., gym.Env] | None:
+        return session_callable(self.env_id) if ":" in self.env_id else None
+
+    def _target(self) -> Callable[..., gym.Env] | str:
+        """What ``env_id`` names: the carried callable, else as :func:`_import_target` finds
+        it (a callable, or the Gymnasium id a module registers)."""
+        return self._carried if self._carried is not None else _import_target(self.env_id)
 
     @classmethod
     def of(cls, env_cfg: Any, kwargs: dict | None = None, vector: str | None = None) -> EnvFactory:
@@ -242,7 +280,7 @@ class EnvFactory:
         )
 
     def __call__(self) -> gym.Env:
-        fn = _import_target(self.env_id) if ":" in self.env_id else self.env_id
+        fn = self._target() if ":" in self.env_id else self.env_id
         if not isinstance(fn, str):
             try:
                 env = fn(**self.kwargs)
@@ -351,7 +389,8 @@ class EnvFactory:
                 )
             return None
         else:  # module:callable (module:EnvId has no native vector env)
-            make = getattr(_import_callable(self.env_id), "make_vector", None)
+            target = self._target()
+            make = None if isinstance(target, str) else getattr(target, "make_vector", None)
             if make is None:
                 return None
             envs = make(num_envs, **self.kwargs)
