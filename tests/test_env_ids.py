@@ -174,7 +174,8 @@ class _StepOf(gym.Env):
         super().reset(seed=seed)
         if self.result == "old_reset":
             return np.zeros(2, np.float32)
-        return np.zeros(3 if self.result == "shape" else 2, np.float32), {}
+        info = None if self.result == "reset_info" else {}
+        return np.zeros(3 if self.result == "shape" else 2, np.float32), info
 
     def step(self, action):
         obs = np.zeros(2, np.float32)
@@ -183,7 +184,14 @@ class _StepOf(gym.Env):
         reward = {"array": np.array([1.0]), "int": 1, "float32": np.float32(1.0)}.get(
             self.result, 1.0
         )
-        return obs, reward, False, False, {}
+        return obs, reward, False, False, None if self.result == "step_info" else {}
+
+
+class _ResetOfOldGym(_StepOf):
+    """``def reset(self)``: no seed, no options."""
+
+    def reset(self):
+        return np.zeros(2, np.float32), {}
 
 
 @pytest.mark.parametrize(
@@ -193,6 +201,8 @@ class _StepOf(gym.Env):
         ("array", r"step's reward is ndarray of shape \(1,\).*valid: a number"),
         ("old_reset", r"reset returned ndarray; valid: Gymnasium's \(obs, info\)"),
         ("shape", r"reset returned an observation of shape \(3,\); its observation_space is"),
+        ("reset_info", r"reset's info is NoneType; valid: a dict.*return \(obs, \{\}\)"),
+        ("step_info", r"step's info is NoneType; valid: a dict.*truncated, \{\}\)"),
         ("int", None),
         ("float32", None),
     ],
@@ -207,3 +217,12 @@ def test_a_step_off_gymnasiums_api_is_named_before_training(result, error):
     else:
         with pytest.raises(EnvError, match=error):
             make_env_factory(cfg)
+
+
+def test_a_reset_without_seed_is_named_before_the_first_reset():
+    """The defaults' step timing resets with a seed first: the factory says it, not a
+    TypeError from there."""
+    from impala_rl.env_defaults import resolve_config
+
+    with pytest.raises(EnvError, match=r"_ResetOfOldGym.reset takes no seed or options; valid"):
+        resolve_config(None, ["env.id=test_env_ids:_ResetOfOldGym"])

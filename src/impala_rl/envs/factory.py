@@ -293,6 +293,7 @@ class EnvFactory:
                     f"env factory {self.env_id!r} returned {type(env).__name__}, "
                     "not a gymnasium.Env"
                 )
+            _check_reset_signature(self.env_id, env.unwrapped, options=not is_structured(env))
         elif self.env_id.startswith("MinAtar/"):
             from impala_rl.envs.minatar import make_minatar_env
 
@@ -529,12 +530,13 @@ def check_step_api(env_id: str, env: gym.Env) -> None:
         reset = raw.reset(seed=0)
     except Exception:
         return
-    if not (isinstance(reset, tuple) and len(reset) == 2 and isinstance(reset[1], dict)):
+    if not (isinstance(reset, tuple) and len(reset) == 2):
         raise EnvError(
             f"env.id {env_id!r}: reset returned {type(reset).__name__}; valid: Gymnasium's "
             "(obs, info). An env of the old Gym API returns the observation alone: return "
             "(obs, {})"
         )
+    _check_info(env_id, reset[1], "reset", "(obs, {})")
     _check_observation_shape(env_id, raw.observation_space, reset[0], "reset")
     try:
         result = raw.step(raw.action_space.sample())
@@ -548,12 +550,42 @@ def check_step_api(env_id: str, env: gym.Env) -> None:
             "done, info): return terminated and truncated instead of done"
         )
     _check_observation_shape(env_id, raw.observation_space, result[0], "step")
+    _check_info(env_id, result[4], "step", "(obs, reward, terminated, truncated, {})")
     reward = result[1]
     if np.ndim(reward) != 0 or not np.isrealobj(reward):
         shape = f" of shape {np.shape(reward)}" if np.ndim(reward) else ""
         raise EnvError(
             f"env.id {env_id!r}: step's reward is {type(reward).__name__}{shape} "
             f"({reward!r}); valid: a number (return float(reward))"
+        )
+
+
+def _check_reset_signature(env_id: str, env: gym.Env, options: bool = True) -> None:
+    """A ``reset`` that takes no ``seed`` keyword, or no ``options`` where Gymnasium's
+    wrappers pass them (a plain env; a structured env is reset with a seed alone), is an
+    :class:`EnvError` before anything resets it."""
+    try:
+        parameters = inspect.signature(env.reset).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C method: nothing to read
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    names = {p.name for p in parameters}
+    missing = [name for name in ("seed", "options")[: 1 + options] if name not in names]
+    if missing:
+        raise EnvError(
+            f"env.id {env_id!r}: {type(env).__name__}.reset takes no {' or '.join(missing)}; "
+            "valid: Gymnasium's reset(self, seed=None, options=None), calling "
+            "super().reset(seed=seed) to seed self.np_random"
+        )
+
+
+def _check_info(env_id: str, info: Any, where: str, valid: str) -> None:
+    """An info that is not a dict (``None``) is an :class:`EnvError` naming the fix."""
+    if not isinstance(info, dict):
+        raise EnvError(
+            f"env.id {env_id!r}: {where}'s info is {type(info).__name__}; valid: a dict, "
+            f"empty where there is nothing to say: return {valid}"
         )
 
 
