@@ -187,6 +187,37 @@ class _StepOf(gym.Env):
         return obs, reward, False, False, None if self.result == "step_info" else {}
 
 
+class _NoSpaces(gym.Env):
+    """Forgot its observation space; its action space is not a Gymnasium one."""
+
+    action_space = (0, 1)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({}, r"_NoSpaces.observation_space is none; valid: a gymnasium.spaces.Space"),
+        (
+            {"observation_space": gym.spaces.Box(-1, 1, (2,))},
+            r"_NoSpaces.action_space is builtins.tuple; valid: a gymnasium.spaces.Space",
+        ),
+    ],
+)
+def test_an_env_without_its_spaces_is_named(kwargs, error):
+    env = _NoSpaces()
+    for name, value in kwargs.items():
+        setattr(env, name, value)
+    with pytest.raises(EnvError, match=error):
+        EnvFactory("test_env_ids:_make_no_spaces", {"env": env})()
+
+
+def _make_no_spaces(env: gym.Env) -> gym.Env:
+    return env
+
+
 class _ResetOfOldGym(_StepOf):
     """``def reset(self)``: no seed, no options."""
 

@@ -293,6 +293,7 @@ class EnvFactory:
                     f"env factory {self.env_id!r} returned {type(env).__name__}, "
                     "not a gymnasium.Env"
                 )
+            _check_spaces_set(self.env_id, env)
             _check_reset_signature(self.env_id, env.unwrapped, options=not is_structured(env))
         elif self.env_id.startswith("MinAtar/"):
             from impala_rl.envs.minatar import make_minatar_env
@@ -558,6 +559,21 @@ def check_step_api(env_id: str, env: gym.Env) -> None:
             f"env.id {env_id!r}: step's reward is {type(reward).__name__}{shape} "
             f"({reward!r}); valid: a number (return float(reward))"
         )
+
+
+def _check_spaces_set(env_id: str, env: gym.Env) -> None:
+    """An env that never set its ``observation_space`` or ``action_space`` (a plain env; a
+    structured one sets them per step key) is an :class:`EnvError` naming the attribute."""
+    if is_structured(env):
+        return
+    for name in ("observation_space", "action_space"):
+        space = getattr(env, name, None)
+        if not isinstance(space, gym.spaces.Space):
+            got = "none" if space is None else f"{type(space).__module__}.{type(space).__name__}"
+            raise EnvError(
+                f"env.id {env_id!r}: {type(env.unwrapped).__name__}.{name} is {got}; valid: a "
+                f"gymnasium.spaces.Space, set in __init__ (self.{name} = ...) or on the class"
+            )
 
 
 def _check_reset_signature(env_id: str, env: gym.Env, options: bool = True) -> None:
