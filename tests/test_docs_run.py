@@ -35,6 +35,7 @@ NOT_RUN = {
     "the set-up and the suite themselves",
     "a diagram",
     "trains for hours",
+    "a notebook's cells",  # a script would re-run them in its processes: test_session_env
 }
 MARK = re.compile(r"<!-- docs: (not run: (?P<reason>[^>]+?)|synopsis|output|study file) -->\s*$")
 FENCE = re.compile(r"^```(\w*)\s*$")
