@@ -12,6 +12,7 @@ import pickle
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -151,3 +152,19 @@ def test_train_names_what_env_cannot_be():
         impala_rl.train(env=lambda: _Line())
     assert impala_rl._env_id(_Line) == f"{__name__}:_Line"
     assert impala_rl._env_id("CartPole-v1") == "CartPole-v1"
+
+
+def test_the_docs_notebook_cells_run_as_a_session(tmp_path):
+    """docs/environments.md's notebook block, as cells (``python -c``), on a small budget."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
+    block = page.split("<!-- docs: not run: a notebook's cells -->", 1)[1]
+    code = block.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "max_env_steps=20000" in code and '"runs/corridor"' in code
+    code = code.replace("max_env_steps=20000", "max_env_steps=1024")
+    code = code.replace('"runs/corridor"', repr(str(tmp_path / "corridor")))
+    code += "\nprint('ACTS', policy.act(Corridor().reset(seed=0)[0]))\n"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=DEADLINE_S
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ACTS" in done.stdout
