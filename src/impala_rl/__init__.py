@@ -49,10 +49,12 @@ def _env_id(env: str | Callable[..., Any]) -> str:
     """The ``env.id`` of ``train``'s ``env``: an id as it is, a callable as its import path
     (``module:qualname``, which every process of the run imports, or carries by value for a
     notebook's)."""
+    import gymnasium as gym
+
     if isinstance(env, str):
         return env
-    spec = getattr(env, "spec", None)
-    if hasattr(env, "step") and hasattr(env, "reset") and not isinstance(env, type):
+    if isinstance(env, gym.Env):
+        spec = env.spec
         made = f" (made from the id {spec.id!r}: env={spec.id!r})" if spec is not None else ""
         raise ValueError(
             f"env={env!r} is an env, not what builds one: the run builds a copy per actor env; "

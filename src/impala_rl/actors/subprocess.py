@@ -281,10 +281,12 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
         pickled = {}
         # the factory goes as a process argument; the policy as bytes, by value where its
         # classes are a notebook's (cloudpickle: an interactive main module has no file)
-        dumps = {"env factory": pickle.dumps, "policy": cloudpickle.dumps}
-        for name, obj in (("env factory", self.env_factory), ("policy", self._template)):
+        for name, obj, dumps in (
+            ("env factory", self.env_factory, pickle.dumps),
+            ("policy", self._template, cloudpickle.dumps),
+        ):
             try:
-                pickled[name] = dumps[name](obj)
+                pickled[name] = dumps(obj)
             except Exception as exc:
                 raise ActorError(
                     f"the {name} {obj!r} cannot be sent to an actor process "

@@ -247,7 +247,9 @@ class EnvFactory:
         """Pickled with the callable itself where ``env_id`` names one of an interactive
         session (:func:`session_callable`), which other processes cannot import."""
         state = self.__dict__.copy()
-        carried = self._carried if self._carried is not None else self._session_target()
+        carried = self._carried
+        if carried is None and ":" in self.env_id:
+            carried = session_callable(self.env_id)
         state["_carried"] = None if carried is None else cloudpickle.dumps(carried)
         return state
 
@@ -255,9 +257,6 @@ class EnvFactory:
         carried = state.pop("_carried", None)
         self.__dict__.update(state)
         self._carried = None if carried is None else cloudpickle.loads(carried)
-
-    def _session_target(self) -> Callable[..., gym.Env] | None:
-        return session_callable(self.env_id) if ":" in self.env_id else None
 
     def _target(self) -> Callable[..., gym.Env] | str:
         """What ``env_id`` names: the carried callable, else as :func:`_import_target` finds
@@ -391,8 +390,7 @@ class EnvFactory:
                 )
             return None
         else:  # module:callable (module:EnvId has no native vector env)
-            target = self._target()
-            make = None if isinstance(target, str) else getattr(target, "make_vector", None)
+            make = getattr(self._target(), "make_vector", None)  # None for a module:EnvId
             if make is None:
                 return None
             envs = make(num_envs, **self.kwargs)
