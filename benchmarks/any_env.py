@@ -92,6 +92,13 @@ ENVS: dict[str, Env] = {
     "minigrid-lavagap": Env(
         "MiniGrid-LavaGapS5-v0", 100_000, sb3_wrapper="minigrid_flat", kind="MiniGrid room"
     ),
+    "minigrid-doorkey": Env(  # the minigrid preset's own env
+        "MiniGrid-DoorKey-5x5-v0",
+        100_000,
+        sb3_wrapper="minigrid_flat",
+        tuned=True,
+        kind="MiniGrid room",
+    ),
     "babyai-gotoredballgrey": Env(
         "BabyAI-GoToRedBallGrey-v0",
         200_000,
