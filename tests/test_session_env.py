@@ -1,8 +1,9 @@
 """An env (and a torso) defined in an interactive session: a notebook's cells, ``python -c``.
 
 Such a main module has no file, so a process the run starts (spawn/forkserver: the evaluation,
-subprocess actors) cannot import what it defines; the env factory and the model travel with
-it by value. A finished run's config still names ``__main__:Corridor``: another process says
+subprocess actors, further learners) cannot import what it defines; the env factory and the
+model travel with it by value, and a further learner gets the session's callables the config
+names. A finished run's config still names ``__main__:Corridor``: another process says
 where it lives.
 """
 
@@ -19,7 +20,13 @@ import numpy as np
 import pytest
 
 import impala_rl
-from impala_rl.envs.factory import EnvFactory, session_callable
+from impala_rl.envs import factory as factory_module
+from impala_rl.envs.factory import (
+    EnvFactory,
+    carry_session_callables,
+    session_callable,
+    session_callables,
+)
 from impala_rl.envs.spaces import EnvError
 
 DEADLINE_S = 600  # a busy 2-core machine; each run takes seconds when quiet
@@ -78,8 +85,18 @@ def _session(run_dir: str, overrides: list[str]) -> subprocess.CompletedProcess:
             "model.encoder=__main__:Torso",
             "model.normalize_obs=false",
         ],
+        # a second learner builds the run again from the config: it gets the session's
+        # env and torso from the leader
+        [
+            "max_env_steps=4096",
+            "log.console=false",
+            "algorithm.num_learners=2",
+            "runner.backend=subprocess",
+            "model.encoder=__main__:Torso",
+            "model.normalize_obs=false",
+        ],
     ],
-    ids=["defaults", "subprocess-actors-and-torso"],
+    ids=["defaults", "subprocess-actors-and-torso", "two-learners"],
 )
 def test_a_session_env_trains_in_the_runs_processes(tmp_path, overrides):
     done = _session(str(tmp_path / "run"), overrides)
@@ -123,6 +140,22 @@ def session_main(monkeypatch):
     main.Line = _Line
     monkeypatch.setitem(sys.modules, "__main__", main)
     return main
+
+
+def test_session_callables_travel_to_a_process_that_reads_the_config(session_main):
+    config = {"env": {"id": "__main__:Line"}, "model": {"encoder": "mlp"}, "tags": ["x"]}
+    pickled = session_callables(config)
+    assert pickled is not None
+    assert session_callables({"env": {"id": "CartPole-v1"}}) is None
+    with pytest.MonkeyPatch.context() as mp:  # a further learner's main: no Line
+        mp.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
+        mp.setattr(factory_module, "_CARRIED_SESSION", {})
+        with pytest.raises(EnvError, match="main module has no 'Line'"):
+            EnvFactory("__main__:Line")()
+        carry_session_callables(pickled)
+        env = EnvFactory("__main__:Line")()
+        assert env.observation_space.shape == (1,)
+        env.close()
 
 
 def test_the_factory_carries_a_session_env_by_value(session_main):

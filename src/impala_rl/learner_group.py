@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from impala_rl.actors import DistributedActors
-from impala_rl.config import RunConfig
+from impala_rl.config import RunConfig, to_dict
 from impala_rl.distributed import (
     LeaderGpuHold,
     LearnerGroup,
@@ -28,6 +28,7 @@ from impala_rl.distributed import (
     report_error,
     start_peer_learners,
 )
+from impala_rl.envs.factory import carry_session_callables, session_callables
 from impala_rl.learner import Learner
 
 
@@ -91,9 +92,20 @@ class LearnerGroupMember:
             make_trainer, user_errors = self._make_trainer, self._user_errors
             if on_ray and cfg.runner.ray_num_gpus_per_learner > 0 and self.device.type == "cuda":
                 self._gpu_hold = LeaderGpuHold(self.device, cfg.runner.ray_num_gpus_per_learner)
+            # a notebook's env or encoder: the other learners build the run from the config
+            session = session_callables(to_dict(cfg))
             self.peers = start_peer_learners(
                 run_peer_learner,
-                lambda rank: (make_trainer, user_errors, cfg, run_dir, resume, rank, rendezvous),
+                lambda rank: (
+                    make_trainer,
+                    user_errors,
+                    cfg,
+                    run_dir,
+                    resume,
+                    rank,
+                    rendezvous,
+                    session,
+                ),
                 n,
                 on_ray=on_ray,
                 ray_num_gpus=cfg.runner.ray_num_gpus_per_learner,
@@ -176,16 +188,19 @@ def run_peer_learner(
     resume: bool,
     rank: int,
     rendezvous: Rendezvous,
+    session: bytes | None = None,
 ) -> None:
     """A further learner's process (or Ray actor): its own actors, the leader's decisions.
     Ctrl-C reaches the leader, which stops every learner at the same update; SIGTERM (the
     leader stopping a learner that did not finish) stops its actors and ends it, even while
     it waits in a collective (see ``Trainer._signal_watch``). An error in ``user_errors``
-    ends it with exit code 1: the leader's one line names it."""
+    ends it with exit code 1: the leader's one line names it. ``session``: the callables of
+    the leader's interactive session that the config names (:func:`session_callables`)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
+        carry_session_callables(session)
         make_trainer(cfg, run_dir=run_dir, resume=resume, rank=rank, rendezvous=rendezvous).train()
     except BaseException as exc:  # for the leader's error message
         report_error(rendezvous, rank, f"{type(exc).__name__}: {exc}")

@@ -100,6 +100,9 @@ installed, each imported in turn, as the user would ``import highway_env`` befor
 def _import_target(spec: str) -> Callable[..., gym.Env] | str:
     """The callable ``module:callable`` names, or the Gymnasium id of ``module:EnvId`` (the
     attribute is not a callable and importing the module registered the id)."""
+    carried = carried_callable(spec)
+    if carried is not None:
+        return carried
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise EnvError(f"env.id {spec!r}: expected 'package.module:callable' or 'package:EnvId'")
@@ -130,18 +133,57 @@ def _import_target(spec: str) -> Callable[..., gym.Env] | str:
     )
 
 
+_CARRIED_SESSION: dict[str, Any] = {}
+"""A further learner's process: the leader's session callables, by the spec that names them
+(:func:`carry_session_callables`)."""
+
+
 def session_callable(spec: str) -> Callable[..., gym.Env] | None:
     """The callable ``spec`` names when it belongs to an interactive session's main module
-    (a notebook, ``python -c``: a ``__main__`` with no file), else ``None``. A process started
-    with ``spawn`` or ``forkserver`` (actors, the evaluation) has no such module to import it
-    from, so :class:`EnvFactory` carries it by value (cloudpickle), as SB3's subprocess envs
-    carry theirs."""
+    (a notebook, ``python -c``: a ``__main__`` with no file), or was carried from one
+    (:func:`carry_session_callables`), else ``None``. A process started with ``spawn`` or
+    ``forkserver`` (actors, the evaluation) has no such module to import it from, so
+    :class:`EnvFactory` carries it by value (cloudpickle), as SB3's subprocess envs carry
+    theirs."""
+    carried = carried_callable(spec)
+    if carried is not None:
+        return carried
     module_name, sep, _ = spec.partition(":")
     main = sys.modules.get("__main__")
     if not sep or module_name != "__main__" or main is None or getattr(main, "__file__", None):
         return None
     target = _import_target(spec)
     return None if isinstance(target, str) else target
+
+
+def session_callables(tree: Any) -> bytes | None:
+    """The interactive session's callables that the strings ``__main__:X`` anywhere in
+    ``tree`` (a run's config as a dict: the env, an encoder) name, pickled by value for a
+    process that builds the run again from its config (a further learner); ``None`` when
+    there are none."""
+    found, stack = {}, [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+        elif isinstance(node, str) and node.startswith("__main__:"):
+            target = session_callable(node)
+            if target is not None:
+                found[node] = target
+    return cloudpickle.dumps(found) if found else None
+
+
+def carried_callable(spec: str) -> Any | None:
+    """What ``spec`` names among the callables carried into this process, else ``None``."""
+    return _CARRIED_SESSION.get(spec)
+
+
+def carry_session_callables(pickled: bytes | None) -> None:
+    """Make :func:`session_callables`' callables what their specs name in this process."""
+    if pickled is not None:
+        _CARRIED_SESSION.update(cloudpickle.loads(pickled))
 
 
 def register_on_demand(env_id: str) -> None:

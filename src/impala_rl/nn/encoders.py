@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from impala_rl.config import ACTIVATIONS, ENCODERS, ConfigError, is_import_path
+from impala_rl.envs.factory import carried_callable
 from impala_rl.envs.spaces import TextTokens
 
 _ACTIVATION_CLASSES: dict[str, type[nn.Module]] = {
@@ -270,6 +271,9 @@ class ImportedEncoder(nn.Module):
     def _import(self, path: str) -> Any:
         if not is_import_path(path):
             raise self._error(f"expected package.module:Class; valid: {', '.join(ENCODERS)}")
+        carried = carried_callable(path)  # a further learner's, of the leader's notebook
+        if carried is not None:
+            return carried
         module_name, _, attr = path.partition(":")
         try:
             target: Any = importlib.import_module(module_name)
