@@ -74,3 +74,34 @@ def make_mismatched_env() -> gym.Env:
         }
     )
     return env
+
+
+class OutsideMaskEnv(BestLegalEnv):
+    """:class:`BestLegalEnv` whose observation is the values alone and whose legal actions come
+    beside it: ``info["action_mask"]`` at reset and every step (``source="info"``, as
+    Gymnasium's Taxi), or an ``action_masks()`` method (``source="method"``, sb3-contrib's).
+    ``drop_at``: the step whose info has no mask."""
+
+    def __init__(self, strict: bool = False, source: str = "info", drop_at: int | None = None):
+        super().__init__(strict=strict)
+        self.observation_space = spaces.Box(0.0, 1.0, (N_ACTIONS,), np.float32)
+        self.source, self.drop_at = source, drop_at
+        if source == "method":
+            self.action_masks = lambda: self.legal.copy()
+
+    def _split(self, obs: dict, info: dict) -> tuple[np.ndarray, dict]:
+        if self.source == "info" and self.t != self.drop_at:
+            info = {**info, "action_mask": obs["action_mask"]}
+        return obs["values"], info
+
+    def reset(self, *, seed=None, options=None):
+        return self._split(*super().reset(seed=seed))
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        values, info = self._split(obs, info)
+        return values, reward, terminated, truncated, info
+
+
+def make_outside_env(strict: bool = False, source: str = "info", drop_at: int | None = None):
+    return OutsideMaskEnv(strict, source, drop_at)

@@ -1,9 +1,12 @@
 """A plain env's ``action_mask``: the policy picks legal actions only (the env is the
 structured protocol's one-key case), for Discrete and MultiDiscrete actions; ``false`` (and
-runs saved before the setting) reads the entry as any other."""
+runs saved before the setting) reads the entry as any other. A mask the env gives beside its
+observation (``info["action_mask"]``, an ``action_masks()`` method) is applied the same way."""
 
 from __future__ import annotations
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -110,11 +113,18 @@ def test_the_policy_learns_the_best_legal_action_and_never_plays_an_illegal_one(
     "runner",
     [["runner.backend=subprocess"], ["runner.backend=subprocess", "runner.inference=central"]],
 )
-@pytest.mark.parametrize("env", ["masked_envs:make_env", "impala_rl.envs.pettingzoo:make_aec_env"])
+@pytest.mark.parametrize(
+    "env",
+    [
+        "masked_envs:make_env",
+        "masked_envs:make_outside_env",
+        "impala_rl.envs.pettingzoo:make_aec_env",
+    ],
+)
 def test_a_one_key_env_with_a_mask_runs_in_actor_processes(tmp_path, runner, env):
     """The actors' slots take the key's model form (they were laid out from the raw Dict, its
-    action_mask and all, and the first write failed): a masked plain env, and tic-tac-toe's
-    one shared policy."""
+    action_mask and all, and the first write failed): a masked plain env, one whose mask comes
+    in its info, and tic-tac-toe's one shared policy."""
     if env.startswith("impala_rl.envs.pettingzoo"):
         pytest.importorskip("pettingzoo.classic")
     extra = ["env.kwargs.strict=true"] if env.startswith("masked") else []
@@ -124,3 +134,65 @@ def test_a_one_key_env_with_a_mask_runs_in_actor_processes(tmp_path, runner, env
         run_dir=tmp_path / "run",
     )
     assert summary["stopped_because"] == "max_env_steps", summary
+
+
+@pytest.mark.parametrize("source", ["info", "method"])
+def test_a_mask_beside_the_observation_makes_the_one_key_case(source):
+    env = EnvFactory("masked_envs:make_outside_env", {"source": source})()
+    assert isinstance(env, MaskedActionsEnv)
+    assert env.mask_from == ("its action_masks()" if source == "method" else "info's action_mask")
+    obs, _ = env.reset(seed=0)
+    assert set(obs) == {"obs", "action_mask"} and obs["action_mask"].sum() == 3
+    plain = EnvFactory("masked_envs:make_outside_env", {"source": source}, info_action_mask=False)()
+    assert not isinstance(plain, MaskedActionsEnv)
+    assert isinstance(plain.observation_space, gym.spaces.Box)
+
+
+def test_gymnasiums_taxi_is_masked_by_its_info():
+    env = EnvFactory("Taxi-v4")()
+    assert isinstance(env, MaskedActionsEnv) and env.mask_from == "info's action_mask"
+    env.close()
+
+
+def test_a_step_without_the_mask_its_reset_gave_is_named():
+    env = EnvFactory("masked_envs:make_outside_env", {"drop_at": 2})()
+    env.reset(seed=0)
+    env.step(0)
+    with pytest.raises(EnvError, match="a step's info has no 'action_mask'.*info_action_mask"):
+        env.step(0)
+
+
+def test_a_config_saved_before_the_info_mask_ignores_it():
+    saved = to_dict(load_config("cartpole"))
+    del saved["env"]["info_action_mask"]
+    assert config_from_dict(saved).env.info_action_mask is False
+    assert load_config("cartpole").env.info_action_mask is True
+
+
+@pytest.mark.parametrize("source", ["info", "method"])
+def test_the_policy_keeps_to_a_mask_given_beside_the_observation(tmp_path, source):
+    """The strict env raises on an illegal action: 10k env steps never send one and evaluate
+    at 5.5 or more (the best legal action's 6 an episode, a random legal one's 4); the loaded
+    policy takes the raw observation and the mask apart."""
+    run_dir = tmp_path / "run"
+    summary = impala_rl.train(
+        None,
+        [
+            "env.id=masked_envs:make_outside_env",
+            "env.kwargs.strict=true",
+            f"env.kwargs.source={source}",
+            "max_env_steps=10000",
+            "log.console=false",
+            "log.tensorboard=false",
+        ],
+        run_dir=run_dir,
+    )
+    assert summary["stopped_because"] == "max_env_steps", summary
+    assert summary["best_eval_return"] >= 5.5, summary
+    policy = impala_rl.load_policy(run_dir)
+    env = masked_envs.make_outside_env(strict=True, source=source)
+    obs, info = env.reset(seed=7)
+    for _ in range(50):
+        mask = env.action_masks() if source == "method" else info["action_mask"]
+        assert isinstance(obs, np.ndarray)
+        obs, _, _, _, info = env.step(policy.act(obs, action_mask=mask))  # raises if illegal

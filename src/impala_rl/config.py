@@ -281,6 +281,13 @@ class EnvConfig:
     picks legal actions only, as in a structured env (the env is its one-key case, the mask
     not read as an input). ``false``: the entry is read as any other and nothing is masked
     (runs saved before this setting)."""
+    info_action_mask: bool = True
+    """A plain env with ``Discrete`` or ``MultiDiscrete`` actions that gives its legal actions
+    beside the observation, as ``info["action_mask"]`` at reset and every step (Gymnasium's
+    Taxi) or as an ``action_masks()`` method (sb3-contrib's MaskablePPO convention), in the
+    layout of ``action_mask``: the policy picks legal actions only, as with an
+    ``action_mask`` entry (the first env built is reset once to look). ``false``: ignored
+    (runs saved before this setting)."""
     observation_entries: bool = True
     """A ``Tuple`` observation that holds an image or a text, a ``Text`` observation alone,
     and a Tuple or Dict inside a Dict that holds one, reach the model as a Dict's entries do
@@ -734,7 +741,8 @@ def config_from_dict(data: dict) -> RunConfig:
 
     A config saved before a setting existed gets the behaviour it was trained with:
     ``model.dict_vectors=per_entry``, ``model.read_text=false``, ``env.action_mask=false``,
-    ``env.observation_entries=false``, ``env.max_image_side=null``, ``env.float_images=false``."""
+    ``env.observation_entries=false``, ``env.max_image_side=null``, ``env.float_images=false``,
+    ``env.info_action_mask=false``."""
     earlier = {
         "model": {"dict_vectors": "per_entry", "read_text": False},
         "env": {
@@ -742,6 +750,7 @@ def config_from_dict(data: dict) -> RunConfig:
             "observation_entries": False,
             "max_image_side": None,
             "float_images": False,
+            "info_action_mask": False,
         },
     }
     for section, settings in earlier.items():

@@ -210,7 +210,7 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
     if is_structured(env):
         what = ", a CNN per image" if has_image(env) else ""
         if isinstance(env, MaskedActionsEnv):
-            return f"{actions} masked by the observation's action_mask{what}", {}
+            return f"{actions} masked by {env.mask_from}{what}", {}
         return f"a structured env (spaces per step key{what})", {}
     obs = env.observation_space
     if isinstance(obs, gym.spaces.Dict):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -19,7 +20,12 @@ from impala_rl.config import RunConfig, config_from_dict, to_dict
 from impala_rl.decisions import DecisionStreams, LocalActing
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.spaces import is_text
-from impala_rl.envs.structured import is_structured
+from impala_rl.envs.structured import (
+    ACTION_MASK,
+    OBSERVATION_ENTRY,
+    OutsideActionMask,
+    is_structured,
+)
 from impala_rl.nn import Model
 from impala_rl.nn.factory import build_model_for_env
 from impala_rl.nn.observations import any_tensor, as_obs, map_obs, stack_obs
@@ -55,6 +61,7 @@ FIXED_ENV_KEYS = (
     "env.float_images",
     "env.observation_entries",
     "env.action_mask",
+    "env.info_action_mask",
 )
 """``env`` settings that shape what the model reads: a resume keeps the saved run's."""
 
@@ -109,6 +116,7 @@ class Policy:
         self._key_observations = None
         self._n_agents = 1
         self._key_images = None  # a structured env's raw images as the model reads them
+        self._outside_mask = OutsideMask.of(env)
         if is_structured(env):
             self._key_observations = {
                 k: KeyObservation(s, k) for k, s in env.observation_spaces.items()
@@ -132,19 +140,24 @@ class Policy:
         last_reward: Any = None,
         step_key: int | None = None,
         agent_id: int = 0,
+        action_mask: Any = None,
     ) -> Any:
         """Action for one observation, or for a batch ``[N, ...]`` of them, as the env returns
         them or in the model's form; returned in the env's action format (for a batch of a
         Tuple or Dict action space, a list of tuples or dicts). ``last_reward`` (a
         number or ``[N]``) is the reward since the agent's previous decision, for models that
         read it. ``step_key`` and ``agent_id``: who acts (structured envs; one observation, its
-        ``action_mask`` respected)."""
+        ``action_mask`` respected). ``action_mask``: the legal actions of an env that gives
+        them beside its observation (``info["action_mask"]``, ``env.action_masks()``; one
+        observation; ``None``: every action)."""
         model = self.model
         streams = None
         if self._key_observations is not None:
             step_key = self._step_key(step_key)
             if not 0 <= agent_id < self._n_agents:
                 raise ValueError(f"agent_id={agent_id!r} is not one of 0..{self._n_agents - 1}")
+            if self._outside_mask is not None:
+                obs = self._outside_mask.with_mask(obs, action_mask)
             if self._key_images is not None:
                 obs = self._key_images(step_key, obs)
             x, mask = self._key_observations[step_key](obs)
@@ -204,6 +217,32 @@ class Policy:
     def reset(self) -> None:
         """Start new episodes: zero core state, last action and last reward."""
         self._streams = None
+
+
+class OutsideMask:
+    """How :meth:`Policy.act` takes the observation of an env whose legal actions come
+    beside it (:class:`~impala_rl.envs.structured.OutsideActionMask`): as the env returns it,
+    with the mask given apart, or already with its ``action_mask`` entry."""
+
+    def __init__(self, width: int, dict_obs: bool):
+        self.width, self.dict_obs = width, dict_obs
+
+    @classmethod
+    def of(cls, env: Any) -> OutsideMask | None:
+        while not isinstance(env, OutsideActionMask):
+            if not isinstance(env, gym.Wrapper):
+                return None
+            env = env.env
+        return cls(env._width, isinstance(env.env.observation_space, gym.spaces.Dict))
+
+    def with_mask(self, obs: Any, action_mask: Any) -> dict:
+        if isinstance(obs, dict) and ACTION_MASK in obs:
+            return obs  # already in the wrapped form
+        mask = np.ones(self.width, np.int8) if action_mask is None else np.asarray(action_mask)
+        if mask.size != self.width:
+            raise ValueError(f"action_mask has {mask.size} entries; valid: {self.width}, 0/1")
+        entries = dict(obs) if self.dict_obs else {OBSERVATION_ENTRY: obs}
+        return {**entries, ACTION_MASK: mask.reshape(-1).astype(np.int8)}
 
 
 def _composed(*steps: Callable[[Any], Any] | None) -> Callable[[Any], Any]:

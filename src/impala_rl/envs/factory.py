@@ -57,10 +57,13 @@ from impala_rl.envs.spaces import (
 from impala_rl.envs.structured import (
     KeyObservation,
     MaskedActionsEnv,
+    OutsideActionMask,
     SingleKeyVectorEnv,
     StructuredVectorEnv,
     has_action_mask,
     is_structured,
+    mask_width,
+    outside_mask_source,
 )
 from impala_rl.envs.vector import NativeVectorEnv, SameStepVectorEnv
 
@@ -271,6 +274,7 @@ class EnvFactory:
         entries: bool = True,
         max_image_side: int | None = None,
         float_images: bool = False,
+        info_action_mask: bool = True,
     ):
         self.env_id = env_id
         self.kwargs = dict(kwargs or {})
@@ -281,6 +285,10 @@ class EnvFactory:
         self.entries = bool(entries)  # a Tuple with an image or text, a text: as entries
         self.max_image_side = max_image_side  # larger images downscaled (None: as they are)
         self.float_images = bool(float_images)  # a float image read as a uint8 one
+        self.info_action_mask = bool(info_action_mask)  # a mask beside the observation
+        # where that mask comes from ("info", "method", "" for nowhere): known once an env
+        # was built (travels pickled)
+        self.mask_source: str | None = None
         self.check_env = False  # Gymnasium's env checker: only on the probe, off the hot path
         self.structured: bool | None = None  # known once an env was built (travels pickled)
         self._carried: Callable[..., gym.Env] | None = None  # a session's callable, by value
@@ -318,6 +326,7 @@ class EnvFactory:
             env_cfg.observation_entries,
             env_cfg.max_image_side,
             env_cfg.float_images,
+            env_cfg.info_action_mask,
         )
 
     def __call__(self) -> gym.Env:
@@ -384,7 +393,10 @@ class EnvFactory:
             return converted_images(env, self.images)
         if self.max_episode_steps is not None:
             env = gym.wrappers.TimeLimit(env, self.max_episode_steps)
-        if self.action_mask and has_action_mask(env.observation_space):
+        source = self._outside_mask_source(env)
+        if source:
+            env = OutsideActionMask(env, source)
+        if (source or self.action_mask) and has_action_mask(env.observation_space):
             if self.frame_stack > 1:
                 raise EnvError(
                     f"env.frame_stack={self.frame_stack} stacks {self.env_id!r}'s action_mask "
@@ -399,6 +411,20 @@ class EnvFactory:
         if not keeps_structure(space, self.entries) and model_observation_space(space) is space:
             return env
         return ModelObservation(env, self.entries)
+
+    def _outside_mask_source(self, env: gym.Env) -> str:
+        """Where ``env`` gives its legal actions beside its observation (``env.info_action_mask``,
+        :func:`~impala_rl.envs.structured.outside_mask_source`), ``""`` for nowhere. The first
+        env built tells, with one reset where its action space takes a mask and it has no
+        ``action_masks()`` method; the factory remembers it for the envs it builds after."""
+        if not self.info_action_mask:
+            return ""
+        if self.mask_source is None:
+            source = outside_mask_source(env, None)
+            if source is None and mask_width(env.action_space) is not None:
+                source = outside_mask_source(env, env.reset()[1])
+            self.mask_source = source or ""
+        return self.mask_source
 
     @property
     def images(self) -> ImageReading:
@@ -503,6 +529,7 @@ class EnvFactory:
                     self.entries,
                     self.max_image_side,
                     self.float_images,
+                    self.info_action_mask,
                 )
                 rates[name] = max(rates[name], rate(candidate, AUTO_TIMING_S))
         self.vector = max(rates, key=rates.__getitem__)

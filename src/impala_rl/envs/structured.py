@@ -105,6 +105,7 @@ class MaskedActionsEnv(gym.Wrapper, StructuredEnv):
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
+        self.mask_from = getattr(env, "mask_from", "the observation's action_mask")
         self.observation_spaces = {0: env.observation_space}
         self.action_spaces = {0: env.action_space}
         self._last: Any = None
@@ -120,6 +121,79 @@ class MaskedActionsEnv(gym.Wrapper, StructuredEnv):
     def final_observation(self, agent_id: int) -> tuple[int, Any] | None:
         """The truncating step's observation: the last decision bootstraps from it."""
         return 0, self._last
+
+
+MASK_METHOD = "action_masks"
+"""sb3-contrib's name for an env's method that returns the legal actions (MaskablePPO)."""
+
+OBSERVATION_ENTRY = "obs"
+"""The entry a non-Dict observation takes beside a mask the env gives outside it."""
+
+
+def outside_mask_source(env: gym.Env, info: dict | None) -> str | None:
+    """Where a plain env gives its legal actions outside its observation: ``"method"`` (an
+    ``action_masks()`` method, sb3-contrib's convention), ``"info"`` (``info["action_mask"]``
+    at reset, Gymnasium's Taxi's), else ``None``. ``info``: the info of one reset (``None``:
+    not looked at)."""
+    if mask_width(env.action_space) is None or has_action_mask(env.observation_space):
+        return None
+    try:
+        method = env.get_wrapper_attr(MASK_METHOD)
+    except AttributeError:
+        method = None
+    if callable(method):
+        return "method"
+    if isinstance(info, dict) and ACTION_MASK in info:
+        return "info"
+    return None
+
+
+class OutsideActionMask(gym.Wrapper):
+    """A plain env whose legal actions come beside its observation (``source``: ``"info"``,
+    ``info["action_mask"]`` at reset and every step; ``"method"``, its ``action_masks()``
+    after each), as an env whose Dict observation has an ``action_mask`` entry: the
+    observation's entries (or :data:`OBSERVATION_ENTRY` for a non-Dict one) and the mask, so
+    :class:`MaskedActionsEnv` applies it."""
+
+    def __init__(self, env: gym.Env, source: str):
+        super().__init__(env)
+        self.source = source
+        self.mask_from = f"its {MASK_METHOD}()" if source == "method" else "info's action_mask"
+        width = mask_width(env.action_space)
+        mask_space = spaces.Box(0, 1, (width,), np.int8)
+        inner = env.observation_space
+        entries = inner.spaces if isinstance(inner, spaces.Dict) else {OBSERVATION_ENTRY: inner}
+        self.observation_space = spaces.Dict({**entries, ACTION_MASK: mask_space})
+        self._width = width
+
+    def _with_mask(self, obs: Any, info: dict, when: str) -> dict:
+        if self.source == "method":
+            mask = self.env.get_wrapper_attr(MASK_METHOD)()
+        elif ACTION_MASK in info:
+            mask = info[ACTION_MASK]
+        else:
+            raise EnvError(
+                f"{self.env.spec.id if self.env.spec else type(self.env.unwrapped).__name__}: "
+                f"{when}'s info has no 'action_mask' (its reset's had one); give it at every "
+                "step, or set env.info_action_mask=false to act without a mask"
+            )
+        mask = np.asarray(mask).reshape(-1)
+        if mask.shape != (self._width,):
+            raise EnvError(
+                f"the env's action_mask ({self.source}) has {mask.size} entries at {when}; "
+                f"{self.env.action_space} needs {self._width} (0/1 per action)"
+            )
+        obs = dict(obs) if isinstance(obs, dict) else {OBSERVATION_ENTRY: obs}
+        obs[ACTION_MASK] = mask.astype(np.int8)
+        return obs
+
+    def reset(self, **kwargs: Any) -> tuple[dict, dict]:
+        obs, info = self.env.reset(**kwargs)
+        return self._with_mask(obs, info, "reset"), info
+
+    def step(self, action: Any) -> tuple[dict, Any, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self._with_mask(obs, info, "a step"), reward, terminated, truncated, info
 
 
 class KeyObservation:
