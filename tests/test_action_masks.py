@@ -107,6 +107,8 @@ def test_the_policy_learns_the_best_legal_action_and_never_plays_an_illegal_one(
     for _ in range(50):
         action = policy.act(obs)
         obs, *_ = env.step(action)  # raises on an illegal action
+    with pytest.raises(ValueError, match="action_mask= is for an env that gives"):
+        policy.act(obs, action_mask=obs["action_mask"])  # the mask is in the observation
 
 
 @pytest.mark.parametrize(

@@ -152,6 +152,11 @@ class Policy:
         observation; ``None``: every action)."""
         model = self.model
         streams = None
+        if action_mask is not None and self._outside_mask is None:
+            raise ValueError(
+                "action_mask= is for an env that gives its legal actions beside its observation "
+                "(info['action_mask'] or action_masks()); this run's env gives none"
+            )
         if self._key_observations is not None:
             step_key = self._step_key(step_key)
             if not 0 <= agent_id < self._n_agents:
@@ -233,7 +238,7 @@ class OutsideMask:
             if not isinstance(env, gym.Wrapper):
                 return None
             env = env.env
-        return cls(env._width, isinstance(env.env.observation_space, gym.spaces.Dict))
+        return cls(env.width, isinstance(env.env.observation_space, gym.spaces.Dict))
 
     def with_mask(self, obs: Any, action_mask: Any) -> dict:
         if isinstance(obs, dict) and ACTION_MASK in obs:

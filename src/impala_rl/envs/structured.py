@@ -164,7 +164,7 @@ class OutsideActionMask(gym.Wrapper):
         inner = env.observation_space
         entries = inner.spaces if isinstance(inner, spaces.Dict) else {OBSERVATION_ENTRY: inner}
         self.observation_space = spaces.Dict({**entries, ACTION_MASK: mask_space})
-        self._width = width
+        self.width = width
 
     def _with_mask(self, obs: Any, info: dict, when: str) -> dict:
         if self.source == "method":
@@ -178,10 +178,10 @@ class OutsideActionMask(gym.Wrapper):
                 "step, or set env.info_action_mask=false to act without a mask"
             )
         mask = np.asarray(mask).reshape(-1)
-        if mask.shape != (self._width,):
+        if mask.shape != (self.width,):
             raise EnvError(
                 f"the env's action_mask ({self.source}) has {mask.size} entries at {when}; "
-                f"{self.env.action_space} needs {self._width} (0/1 per action)"
+                f"{self.env.action_space} needs {self.width} (0/1 per action)"
             )
         obs = dict(obs) if isinstance(obs, dict) else {OBSERVATION_ENTRY: obs}
         obs[ACTION_MASK] = mask.astype(np.int8)
