@@ -17,6 +17,7 @@ from impala_rl.envs import EnvFactory
 from impala_rl.envs.factory import EnvError
 from impala_rl.envs.structured import MaskedActionsEnv
 from impala_rl.nn.distributions import MultiCategoricalDistribution
+from impala_rl.policy import Policy
 
 FAST = ["log.console=false", "log.tensorboard=false", "target_return=null"]
 
@@ -80,19 +81,16 @@ def test_without_the_mask_an_illegal_action_reaches_the_env(tmp_path):
         )
 
 
-@pytest.mark.parametrize("multi", [False, True])
-def test_the_policy_learns_the_best_legal_action_and_never_plays_an_illegal_one(tmp_path, multi):
-    """The env raises on an illegal action (``strict``): a run of 10k env steps never sends
-    one, evaluates at 5.5 or more (5.77 flat, 5.78 MultiDiscrete on seed 0; the best legal
-    action's 6 an episode, a random legal one's 4), and its policy keeps to the mask on raw
-    observations."""
+def _trained_on_strict(tmp_path, make: str, setting: str) -> Policy:
+    """The best policy of 10k env steps on a strict ``masked_envs`` env (it raises on an illegal
+    action), which must evaluate at 5.5 or more."""
     run_dir = tmp_path / "run"
     summary = impala_rl.train(
         None,
         [
-            "env.id=masked_envs:make_env",
+            f"env.id=masked_envs:{make}",
             "env.kwargs.strict=true",
-            f"env.kwargs.multi={str(multi).lower()}",
+            setting,
             "max_env_steps=10000",
             "log.console=false",
             "log.tensorboard=false",
@@ -101,7 +99,16 @@ def test_the_policy_learns_the_best_legal_action_and_never_plays_an_illegal_one(
     )
     assert summary["stopped_because"] == "max_env_steps", summary
     assert summary["best_eval_return"] >= 5.5, summary
-    policy = impala_rl.load_policy(run_dir)
+    return impala_rl.load_policy(run_dir)
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_the_policy_learns_the_best_legal_action_and_never_plays_an_illegal_one(tmp_path, multi):
+    """The env raises on an illegal action (``strict``): a run of 10k env steps never sends
+    one, evaluates at 5.5 or more (5.77 flat, 5.78 MultiDiscrete on seed 0; the best legal
+    action's 6 an episode, a random legal one's 4), and its policy keeps to the mask on raw
+    observations."""
+    policy = _trained_on_strict(tmp_path, "make_env", f"env.kwargs.multi={str(multi).lower()}")
     env = masked_envs.make_env(strict=True, multi=multi)
     obs, _ = env.reset(seed=7)
     for _ in range(50):
@@ -176,22 +183,7 @@ def test_the_policy_keeps_to_a_mask_given_beside_the_observation(tmp_path, sourc
     """The strict env raises on an illegal action: 10k env steps never send one and evaluate
     at 5.5 or more (the best legal action's 6 an episode, a random legal one's 4); the loaded
     policy takes the raw observation and the mask apart."""
-    run_dir = tmp_path / "run"
-    summary = impala_rl.train(
-        None,
-        [
-            "env.id=masked_envs:make_outside_env",
-            "env.kwargs.strict=true",
-            f"env.kwargs.source={source}",
-            "max_env_steps=10000",
-            "log.console=false",
-            "log.tensorboard=false",
-        ],
-        run_dir=run_dir,
-    )
-    assert summary["stopped_because"] == "max_env_steps", summary
-    assert summary["best_eval_return"] >= 5.5, summary
-    policy = impala_rl.load_policy(run_dir)
+    policy = _trained_on_strict(tmp_path, "make_outside_env", f"env.kwargs.source={source}")
     env = masked_envs.make_outside_env(strict=True, source=source)
     obs, info = env.reset(seed=7)
     for _ in range(50):
