@@ -88,24 +88,14 @@ class LearnerGroupMember:
                 host = ray.util.get_node_ip_address()
             store = make_store(host, n)
             rendezvous = Rendezvous(host, store.port, n)
-            run_dir, resume = str(self._run_dir), self._resume
-            make_trainer, user_errors = self._make_trainer, self._user_errors
-            if on_ray and cfg.runner.ray_num_gpus_per_learner > 0 and self.device.type == "cuda":
-                self._gpu_hold = LeaderGpuHold(self.device, cfg.runner.ray_num_gpus_per_learner)
             # a notebook's env or encoder: the other learners build the run from the config
             session = session_callables(to_dict(cfg))
+            run = (self._make_trainer, self._user_errors, cfg, str(self._run_dir), self._resume)
+            if on_ray and cfg.runner.ray_num_gpus_per_learner > 0 and self.device.type == "cuda":
+                self._gpu_hold = LeaderGpuHold(self.device, cfg.runner.ray_num_gpus_per_learner)
             self.peers = start_peer_learners(
                 run_peer_learner,
-                lambda rank: (
-                    make_trainer,
-                    user_errors,
-                    cfg,
-                    run_dir,
-                    resume,
-                    rank,
-                    rendezvous,
-                    session,
-                ),
+                lambda rank: (*run, rank, rendezvous, session),
                 n,
                 on_ray=on_ray,
                 ray_num_gpus=cfg.runner.ray_num_gpus_per_learner,

@@ -20,12 +20,7 @@ from impala_rl.config import RunConfig, config_from_dict, to_dict
 from impala_rl.decisions import DecisionStreams, LocalActing
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.spaces import is_text
-from impala_rl.envs.structured import (
-    ACTION_MASK,
-    OBSERVATION_ENTRY,
-    OutsideActionMask,
-    is_structured,
-)
+from impala_rl.envs.structured import ACTION_MASK, OutsideActionMask, is_structured
 from impala_rl.nn import Model
 from impala_rl.nn.factory import build_model_for_env
 from impala_rl.nn.observations import any_tensor, as_obs, map_obs, stack_obs
@@ -116,7 +111,7 @@ class Policy:
         self._key_observations = None
         self._n_agents = 1
         self._key_images = None  # a structured env's raw images as the model reads them
-        self._outside_mask = OutsideMask.of(env)
+        self._outside_mask = _outside_mask(env)  # its checks and layout, no env calls
         if is_structured(env):
             self._key_observations = {
                 k: KeyObservation(s, k) for k, s in env.observation_spaces.items()
@@ -161,8 +156,10 @@ class Policy:
             step_key = self._step_key(step_key)
             if not 0 <= agent_id < self._n_agents:
                 raise ValueError(f"agent_id={agent_id!r} is not one of 0..{self._n_agents - 1}")
-            if self._outside_mask is not None:
-                obs = self._outside_mask.with_mask(obs, action_mask)
+            outside = self._outside_mask
+            if outside is not None and not (isinstance(obs, dict) and ACTION_MASK in obs):
+                legal = np.ones(outside.width) if action_mask is None else action_mask
+                obs = outside.with_mask(obs, legal, "Policy.act")
             if self._key_images is not None:
                 obs = self._key_images(step_key, obs)
             x, mask = self._key_observations[step_key](obs)
@@ -224,30 +221,13 @@ class Policy:
         self._streams = None
 
 
-class OutsideMask:
-    """How :meth:`Policy.act` takes the observation of an env whose legal actions come
-    beside it (:class:`~impala_rl.envs.structured.OutsideActionMask`): as the env returns it,
-    with the mask given apart, or already with its ``action_mask`` entry."""
-
-    def __init__(self, width: int, dict_obs: bool):
-        self.width, self.dict_obs = width, dict_obs
-
-    @classmethod
-    def of(cls, env: Any) -> OutsideMask | None:
-        while not isinstance(env, OutsideActionMask):
-            if not isinstance(env, gym.Wrapper):
-                return None
-            env = env.env
-        return cls(env.width, isinstance(env.env.observation_space, gym.spaces.Dict))
-
-    def with_mask(self, obs: Any, action_mask: Any) -> dict:
-        if isinstance(obs, dict) and ACTION_MASK in obs:
-            return obs  # already in the wrapped form
-        mask = np.ones(self.width, np.int8) if action_mask is None else np.asarray(action_mask)
-        if mask.size != self.width:
-            raise ValueError(f"action_mask has {mask.size} entries; valid: {self.width}, 0/1")
-        entries = dict(obs) if self.dict_obs else {OBSERVATION_ENTRY: obs}
-        return {**entries, ACTION_MASK: mask.reshape(-1).astype(np.int8)}
+def _outside_mask(env: Any) -> OutsideActionMask | None:
+    """The wrapper that puts a mask given beside the observation into it, if ``env`` has one."""
+    while not isinstance(env, OutsideActionMask):
+        if not isinstance(env, gym.Wrapper):
+            return None
+        env = env.env
+    return env
 
 
 def _composed(*steps: Callable[[Any], Any] | None) -> Callable[[Any], Any]:

@@ -166,34 +166,37 @@ class OutsideActionMask(gym.Wrapper):
         self.observation_space = spaces.Dict({**entries, ACTION_MASK: mask_space})
         self.width = width
 
-    def _with_mask(self, obs: Any, info: dict, when: str) -> dict:
+    def with_mask(self, obs: Any, mask: Any, when: str) -> dict:
+        """``obs`` as this wrapper observes it: its entries and ``mask`` (checked), as the
+        env's steps give them and as :meth:`~impala_rl.policy.Policy.act` takes them apart."""
+        mask = np.asarray(mask).reshape(-1)
+        if mask.shape != (self.width,):
+            raise EnvError(
+                f"the action_mask ({self.source}) has {mask.size} entries at {when}; "
+                f"{self.env.action_space} needs {self.width} (0/1 per action)"
+            )
+        entries = dict(obs) if isinstance(obs, dict) else {OBSERVATION_ENTRY: obs}
+        return {**entries, ACTION_MASK: mask.astype(np.int8)}
+
+    def _mask(self, info: dict, when: str) -> Any:
         if self.source == "method":
-            mask = self.env.get_wrapper_attr(MASK_METHOD)()
-        elif ACTION_MASK in info:
-            mask = info[ACTION_MASK]
-        else:
+            return self.env.get_wrapper_attr(MASK_METHOD)()
+        if ACTION_MASK not in info:
             raise EnvError(
                 f"{self.env.spec.id if self.env.spec else type(self.env.unwrapped).__name__}: "
                 f"{when}'s info has no 'action_mask' (its reset's had one); give it at every "
                 "step, or set env.info_action_mask=false to act without a mask"
             )
-        mask = np.asarray(mask).reshape(-1)
-        if mask.shape != (self.width,):
-            raise EnvError(
-                f"the env's action_mask ({self.source}) has {mask.size} entries at {when}; "
-                f"{self.env.action_space} needs {self.width} (0/1 per action)"
-            )
-        obs = dict(obs) if isinstance(obs, dict) else {OBSERVATION_ENTRY: obs}
-        obs[ACTION_MASK] = mask.astype(np.int8)
-        return obs
+        return info[ACTION_MASK]
 
     def reset(self, **kwargs: Any) -> tuple[dict, dict]:
         obs, info = self.env.reset(**kwargs)
-        return self._with_mask(obs, info, "reset"), info
+        return self.with_mask(obs, self._mask(info, "reset"), "reset"), info
 
     def step(self, action: Any) -> tuple[dict, Any, bool, bool, dict]:
         obs, reward, terminated, truncated, info = self.env.step(action)
-        return self._with_mask(obs, info, "a step"), reward, terminated, truncated, info
+        obs = self.with_mask(obs, self._mask(info, "a step"), "a step")
+        return obs, reward, terminated, truncated, info
 
 
 class KeyObservation:
