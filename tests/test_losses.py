@@ -59,6 +59,37 @@ def test_entropy_loss_value_and_gradient():
     torch.testing.assert_close(entropy.grad, torch.full((2, 2), -0.25))
 
 
+def test_entropy_floor_loss_against_the_hinge_element_by_element():
+    """``mean(max(floor - H, 0))``: decisions above the floor add nothing and get no gradient;
+    each one below adds its shortfall and gets ``-1/N``."""
+    entropy = torch.tensor([[1.0, 0.05], [0.2, 0.0]], requires_grad=True)
+    floor = 0.1
+    shortfall = [max(floor - h, 0.0) for h in (1.0, 0.05, 0.2, 0.0)]
+    loss = losses.entropy_floor_loss(entropy, floor)
+    assert loss.item() == pytest.approx(sum(shortfall) / 4)
+    loss.backward()
+    expected = torch.tensor([[0.0, -0.25], [0.0, -0.25]])
+    torch.testing.assert_close(entropy.grad, expected)
+
+
+def test_entropy_floor_loss_raises_a_near_deterministic_policy_entropy():
+    """Descent on the floor's penalty moves a policy below the floor towards more entropy and
+    leaves one above it where it is."""
+    logits = torch.tensor([[[9.0, 0.0, 0.0]], [[0.5, 0.0, 0.0]]], requires_grad=True)
+
+    def entropy_of(z: torch.Tensor) -> torch.Tensor:
+        log_p = torch.log_softmax(z, dim=-1)
+        return -(log_p.exp() * log_p).sum(-1)
+
+    before = entropy_of(logits)
+    losses.entropy_floor_loss(before, 0.1).backward()
+    with torch.no_grad():
+        after = entropy_of(logits - 10.0 * logits.grad)
+    assert before[0, 0] < 0.1 < before[1, 0]
+    assert after[0, 0] > before[0, 0]
+    assert after[1, 0] == before[1, 0]
+
+
 def test_entropy_loss_from_policy_decreases_towards_uniform():
     """Gradient descent on entropy_loss pushes logits towards the uniform policy."""
     logits = torch.tensor([[[2.0, 0.0, -1.0]]], requires_grad=True)

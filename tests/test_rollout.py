@@ -408,6 +408,23 @@ def test_learner_weighs_the_entropy_bonus_by_its_current_coefficient():
     assert with_half - without == pytest.approx(-0.5 * entropy, rel=1e-5)
 
 
+def test_learner_adds_the_entropy_floor_penalty_only_below_the_floor():
+    """``algorithm.entropy_floor``: a floor under every decision's entropy adds nothing to the
+    total loss; one above all of them adds ``entropy_floor_coef * (floor - mean(H))``."""
+    model = make_model()
+    batch = learner_batch(model)
+
+    def total(**settings) -> tuple[float, float]:
+        learner = Learner(copy.deepcopy(model), learner_cfg(entropy_coef=0.0, **settings))
+        stats = learner.update(batch)
+        return stats.total_loss, stats.policy_entropy[0]
+
+    without, entropy = total()
+    assert total(entropy_floor=0.0)[0] == pytest.approx(without, rel=1e-6)
+    floored, _ = total(entropy_floor=10.0, entropy_floor_coef=0.5)
+    assert floored - without == pytest.approx(0.5 * (10.0 - entropy), rel=1e-5)
+
+
 def test_learner_update_end_to_end_reports_policy_lag():
     model = make_model()
     batch = learner_batch(model)

@@ -118,6 +118,15 @@ class ImpalaAlgorithmConfig:
     """Final entropy weight of the linear schedule."""
     entropy_decay_env_steps: int | None = None
     """Env steps over which the linear entropy schedule decays (``null``: ``max_env_steps``)."""
+    entropy_floor: float | None = None
+    """Nats of entropy each decision's policy keeps: below it, a penalty
+    ``entropy_floor_coef * (entropy_floor - H)`` (nothing above it) pulls that decision back
+    from determinism. A policy that has become deterministic gets no gradient from its
+    advantages (``d log pi = 0`` at ``pi = 1``), so a late change of its greedy action is
+    never undone (MiniGrid's LavaGap falling into the lava after solving it). Unlike
+    ``entropy_coef``, it leaves a policy above the floor alone. ``null``: no floor."""
+    entropy_floor_coef: float = 1.0
+    """Weight of the entropy floor's penalty."""
     max_grad_norm: float | None = 40.0
     """Clip the global gradient norm to this value (``null`` or ``0``: no clipping)."""
     optimizer: str = "adam"
@@ -856,6 +865,8 @@ RULES: dict[str, Rule] = {
     "algorithm.entropy_coef_final": at_least(0),
     "algorithm.entropy_schedule": one_of(SCHEDULES),
     "algorithm.entropy_decay_env_steps": at_least(1, integer=True, nullable=True),
+    "algorithm.entropy_floor": Rule(_number, "a number (nats per decision)", nullable=True),
+    "algorithm.entropy_floor_coef": at_least(0),
     "algorithm.max_grad_norm": at_least(0, nullable=True),
     "algorithm.optimizer": one_of(OPTIMIZERS),
     "algorithm.adam_betas": Rule(

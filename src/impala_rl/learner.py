@@ -1214,6 +1214,9 @@ class Learner:
         if train_policy:
             for k in pg_loss:
                 total = total + cfg.policy_loss_coef * pg_loss[k] + entropy_coef * ent_loss[k]
+                if cfg.entropy_floor is not None:
+                    below = losses.entropy_floor_loss(_rows(entropy, rows_of[k]), cfg.entropy_floor)
+                    total = total + cfg.entropy_floor_coef * below
         return pg_loss, ent_loss, value_loss, total  # type: ignore[return-value]
 
     def _backward(

@@ -16,6 +16,7 @@ __all__ = [
     "baseline_loss",
     "clip_rewards",
     "clipped_surrogate_loss",
+    "entropy_floor_loss",
     "entropy_loss",
     "normalize_advantages",
     "policy_gradient_loss",
@@ -87,6 +88,17 @@ def entropy_loss(entropy: torch.Tensor) -> torch.Tensor:
         entropy: ``[T, B]`` per-step policy entropies.
     """
     return -entropy.mean()
+
+
+def entropy_floor_loss(entropy: torch.Tensor, floor: float) -> torch.Tensor:
+    """``mean(max(floor - H(pi(.|x_t)), 0))``: zero for a decision whose policy keeps at least
+    ``floor`` nats of entropy; below it, minimising raises that decision's entropy alone.
+
+    Args:
+        entropy: ``[T, B]`` per-step policy entropies.
+        floor: the entropy (nats) each decision keeps.
+    """
+    return (floor - entropy).clamp(min=0.0).mean()
 
 
 def clip_rewards(rewards: torch.Tensor, mode: str) -> torch.Tensor:
