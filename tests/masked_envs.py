@@ -105,3 +105,24 @@ class OutsideMaskEnv(BestLegalEnv):
 
 def make_outside_env(strict: bool = False, source: str = "info", drop_at: int | None = None):
     return OutsideMaskEnv(strict, source, drop_at)
+
+
+NATIVE_VECTORS: list[int] = []
+"""The sizes :func:`make_outside_vector_env`'s native vector env was asked for."""
+
+
+def make_outside_vector_env(strict: bool = False):
+    """:func:`make_outside_env` whose callable also offers a native vector env (Gymnasium's,
+    same-step autoreset), which knows nothing of the mask in the info."""
+    return OutsideMaskEnv(strict, "info", None)
+
+
+def _outside_vector(num_envs: int, strict: bool = False) -> gym.vector.VectorEnv:
+    NATIVE_VECTORS.append(num_envs)
+    return gym.vector.SyncVectorEnv(
+        [lambda: OutsideMaskEnv(strict, "info", None)] * num_envs,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+
+
+make_outside_vector_env.make_vector = _outside_vector  # type: ignore[attr-defined]

@@ -145,6 +145,21 @@ def test_a_one_key_env_with_a_mask_runs_in_actor_processes(tmp_path, runner, env
     assert summary["stopped_because"] == "max_env_steps", summary
 
 
+def test_a_masked_env_with_a_native_vector_env_steps_env_by_env(tmp_path):
+    """The callable's ``make_vector`` would step envs that know nothing of the mask: the
+    masked one-key case builds its envs one by one instead (the strict env raises on an
+    illegal action), and the native vector env is never made."""
+    masked_envs.NATIVE_VECTORS.clear()
+    summary = impala_rl.train(
+        "cartpole",
+        [*FAST, "env.id=masked_envs:make_outside_vector_env", "env.kwargs.strict=true"]
+        + ["max_env_steps=2000"],
+        run_dir=tmp_path / "run",
+    )
+    assert summary["stopped_because"] == "max_env_steps", summary
+    assert masked_envs.NATIVE_VECTORS == []
+
+
 @pytest.mark.parametrize("source", ["info", "method"])
 def test_a_mask_beside_the_observation_makes_the_one_key_case(source):
     env = EnvFactory("masked_envs:make_outside_env", {"source": source})()
