@@ -133,11 +133,15 @@ class TwoSeatSideEnv(StructuredEnv):
         return self._obs(), reward, False, self.t >= self.length, {}
 
 
-def make_float_catch() -> gym.Env:
+def make_float_catch(low: float = 0.0) -> gym.Env:
     """The sample Catch with its frames as float32 pixels in [0, 1] (a camera an env
-    normalized), ``[40, 40, 3]``."""
+    normalized), ``[40, 40, 3]``; ``low=-1``: in [-1, 1]."""
     from impala_rl.envs.samples import Catch
 
     env = Catch()
-    space = spaces.Box(0.0, 1.0, env.observation_space.shape, np.float32)
-    return gym.wrappers.TransformObservation(env, lambda obs: obs.astype(np.float32) / 255.0, space)
+    space = spaces.Box(low, 1.0, env.observation_space.shape, np.float32)
+
+    def floats(obs: np.ndarray) -> np.ndarray:
+        return (low + obs.astype(np.float32) * ((1.0 - low) / 255.0)).astype(np.float32)
+
+    return gym.wrappers.TransformObservation(env, floats, space)

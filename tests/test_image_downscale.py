@@ -12,8 +12,9 @@ from gymnasium import spaces
 
 import image_envs
 import impala_rl
+from impala_rl import config
 from impala_rl.config import ConfigError, config_from_dict, load_config, to_dict
-from impala_rl.envs import EnvFactory
+from impala_rl.envs import EnvFactory, images
 from impala_rl.envs.images import (
     ConvertedKeyImages,
     ImageConverter,
@@ -21,7 +22,7 @@ from impala_rl.envs.images import (
     converted_images,
     downscale,
     downscaled_side,
-    float_image_scale,
+    float_image_pixels,
 )
 from impala_rl.envs.structured import StructuredVectorEnv
 from impala_rl.envs.vector import NativeVectorEnv
@@ -224,21 +225,59 @@ def test_a_structured_env_with_a_large_image_runs_in_actor_processes(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("space", "scale"),
+    ("space", "finite", "unit"),
     [
-        (spaces.Box(0.0, 1.0, (40, 40, 3), np.float32), 255.0),
-        (spaces.Box(0.0, 255.0, (3, 40, 40), np.float64), 1.0),
-        (spaces.Box(0.0, 1.0, (64, 48), np.float32), 255.0),
-        (spaces.Box(0.0, 1.0, (4, 40, 40, 1), np.float32), 255.0),
-        (spaces.Box(-1.0, 1.0, (40, 40, 3), np.float32), None),  # not pixels' bounds
-        (spaces.Box(0.0, 1.0, (40, 40, 8), np.float32), None),  # 8 channels: features
-        (spaces.Box(0.0, 1.0, (5, 40, 3), np.float32), None),  # 5 pixels a side
-        (spaces.Box(0.0, 1.0, (300,), np.float32), None),
-        (spaces.Box(0, 1, (40, 40, 3), np.int64), None),
+        (spaces.Box(0.0, 1.0, (40, 40, 3), np.float32), (0.0, 255.0), (0.0, 255.0)),
+        (spaces.Box(0.0, 255.0, (3, 40, 40), np.float64), (0.0, 1.0), (0.0, 1.0)),
+        (spaces.Box(0.0, 1.0, (64, 48), np.float32), (0.0, 255.0), (0.0, 255.0)),
+        (spaces.Box(0.0, 1.0, (4, 40, 40, 1), np.float32), (0.0, 255.0), (0.0, 255.0)),
+        (spaces.Box(-1.0, 1.0, (40, 40, 3), np.float32), (-1.0, 127.5), None),
+        (spaces.Box(-0.5, 0.5, (1, 40, 40), np.float32), (-0.5, 255.0), None),
+        (spaces.Box(-np.inf, np.inf, (40, 40, 3), np.float32), None, None),  # no pixels' range
+        (spaces.Box(0.0, 1.0, (40, 40, 8), np.float32), None, None),  # 8 channels: features
+        (spaces.Box(0.0, 1.0, (5, 40, 3), np.float32), None, None),  # 5 pixels a side
+        (spaces.Box(0.0, 1.0, (300,), np.float32), None, None),
+        (spaces.Box(0, 1, (40, 40, 3), np.int64), None, None),
     ],
 )
-def test_a_float_image_is_told_by_its_shape_and_bounds(space, scale):
-    assert float_image_scale(space) == scale
+def test_a_float_image_is_told_by_its_shape_and_bounds(space, finite, unit):
+    """``finite`` (the default) stretches any finite bounds over 0-255; ``unit`` (runs saved
+    before) takes ``[0, 1]`` and ``[0, 255]`` only."""
+    assert float_image_pixels(space) == finite
+    assert float_image_pixels(space, "unit") == unit
+
+
+def test_a_float_image_with_bounds_per_channel_stretches_each_over_0_255():
+    low = np.zeros((40, 40, 3), np.float32) + np.array([-1.0, 0.0, 0.0], np.float32)
+    high = np.ones((40, 40, 3), np.float32) * np.array([1.0, 1.0, 10.0], np.float32)
+    space = spaces.Box(low, high, dtype=np.float32)
+    converter = ImageConverter(space, ImageReading(floats=True))
+    assert converter.space == spaces.Box(0, 255, (40, 40, 3), np.uint8)
+    value = np.stack([np.full((40, 40), v, np.float32) for v in (0.0, 0.5, 10.0)], axis=-1)
+    np.testing.assert_array_equal(converter(value)[0, 0], [128, 128, 255])  # 127.5: to even
+    np.testing.assert_array_equal(converter(low)[0, 0], [0, 0, 0])
+
+
+def test_a_signed_float_image_is_read_as_pixels_and_runs_saved_before_flatten_it():
+    """A camera normalized to ``[-1, 1]``: -1, 0 and 1 become 0, 128 and 255 (0 is 127.5,
+    rounded to even); a config saved before ``env.float_image_bounds`` reads ``unit`` and
+    leaves the image to the MLP, as its weights were trained."""
+    space = spaces.Box(-1.0, 1.0, (40, 40, 3), np.float32)
+    converter = ImageConverter(space, ImageReading(floats=True))
+    assert converter.space == spaces.Box(0, 255, (40, 40, 3), np.uint8)
+    value = np.zeros((40, 40, 3), np.float32)
+    value[0, 0], value[0, 1] = -1.0, 1.0
+    out = converter(value)
+    assert (out[0, 0, 0], out[1, 1, 0], out[0, 1, 0]) == (0, 128, 255)
+    assert not ImageConverter(space, ImageReading(floats=True, float_bounds="unit")).changes
+    saved = to_dict(load_config("cartpole"))
+    assert saved["env"]["float_image_bounds"] == "finite"
+    del saved["env"]["float_image_bounds"]
+    assert config_from_dict(saved).env.float_image_bounds == "unit"
+
+
+def test_the_float_image_bounds_choices_are_the_readers():
+    assert config.FLOAT_IMAGE_BOUNDS == images.FLOAT_IMAGE_BOUNDS
 
 
 def test_a_float_image_becomes_the_uint8_image_of_its_pixels():
@@ -273,15 +312,21 @@ def test_a_large_float_image_is_converted_then_downscaled():
     np.testing.assert_array_equal(obs, downscale(first, "hwc", 128).transpose(2, 0, 1))
 
 
-def test_float_frames_train_a_cnn_and_the_policy_takes_them(tmp_path):
-    """Catch's frames as floats in [0, 1] are read by the Nature CNN (PPO's Atari reuse), as
-    its uint8 frames are; the saved policy acts on the float frames."""
-    policy, _ = _trained(tmp_path, "env.id=image_envs:make_float_catch", "max_env_steps=2048")
+@pytest.mark.parametrize("low", [0.0, -1.0])
+def test_float_frames_train_a_cnn_and_the_policy_takes_them(tmp_path, low):
+    """Catch's frames as floats in [0, 1] or [-1, 1] are read by the Nature CNN (PPO's Atari
+    reuse), as its uint8 frames are; the saved policy acts on the float frames."""
+    policy, _ = _trained(
+        tmp_path,
+        "env.id=image_envs:make_float_catch",
+        f"env.kwargs.low={low}",
+        "max_env_steps=2048",
+    )
     assert type(policy.model.policies["0"].torso).__name__ == "NatureCNN"
     assert policy.config.algorithm.num_passes == 4  # PPO's Atari reuse, as for an image
-    env = image_envs.make_float_catch()
+    env = image_envs.make_float_catch(low)
     obs, _ = env.reset(seed=0)
-    assert obs.dtype == np.float32
+    assert obs.dtype == np.float32 and obs.min() == low
     assert int(policy.act(obs)) in (0, 1, 2)
 
 

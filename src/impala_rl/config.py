@@ -48,6 +48,7 @@ MINIBATCH_OF = ("columns", "steps")
 STEP_TARGETS_PER = ("pass", "batch")
 BACKGROUND_EVALUATION = ("thread", "process")  # and true (a thread) or false (in the pause)
 ADV_MODES = ("official", "acme")  # vtrace.ADV_MODES
+FLOAT_IMAGE_BOUNDS = ("finite", "unit")  # envs.images.FLOAT_IMAGE_BOUNDS
 
 
 class ConfigError(ValueError):
@@ -313,10 +314,14 @@ class EnvConfig:
     saved before this setting)."""
     float_images: bool = True
     """A float ``Box`` shaped as an image (2-4 dimensions, at most 4 channels first or last, 8
-    or more pixels a side) with bounds ``[0, 1]`` or ``[0, 255]`` throughout (a camera the env
-    normalized) is read as an image: converted to the ``uint8`` image of the same pixels and
-    read by a CNN. ``false``: flattened into the MLP's inputs (runs saved before this
-    setting)."""
+    or more pixels a side) with finite bounds (a camera the env normalized to ``[0, 1]`` or
+    ``[-1, 1]``) is read as an image: converted to the ``uint8`` image of the same pixels (its
+    bounds stretched over 0-255) and read by a CNN. ``false``: flattened into the MLP's inputs
+    (runs saved before this setting)."""
+    float_image_bounds: str = "finite"
+    """The bounds of a float image that ``env.float_images`` reads as one: ``finite``: any
+    finite bounds, low below high; ``unit``: ``[0, 1]`` or ``[0, 255]`` throughout only (runs
+    saved before other bounds were read; ``[-1, 1]`` then flattened)."""
 
 
 @dataclass
@@ -751,7 +756,7 @@ def config_from_dict(data: dict) -> RunConfig:
     A config saved before a setting existed gets the behaviour it was trained with:
     ``model.dict_vectors=per_entry``, ``model.read_text=false``, ``env.action_mask=false``,
     ``env.observation_entries=false``, ``env.max_image_side=null``, ``env.float_images=false``,
-    ``env.info_action_mask=false``."""
+    ``env.info_action_mask=false``, ``env.float_image_bounds=unit``."""
     earlier = {
         "model": {"dict_vectors": "per_entry", "read_text": False},
         "env": {
@@ -760,6 +765,7 @@ def config_from_dict(data: dict) -> RunConfig:
             "max_image_side": None,
             "float_images": False,
             "info_action_mask": False,
+            "float_image_bounds": "unit",
         },
     }
     for section, settings in earlier.items():
@@ -915,6 +921,7 @@ RULES: dict[str, Rule] = {
     "env.max_episode_steps": at_least(1, integer=True, nullable=True),
     "env.frame_stack": at_least(1, integer=True),
     "env.max_image_side": at_least(8, integer=True, nullable=True),
+    "env.float_image_bounds": one_of(FLOAT_IMAGE_BOUNDS),
     "env.vector": one_of(VECTOR_ENVS),
     "model.hidden_sizes": Rule(
         lambda v: len(v) >= 1 and all(h >= 1 for h in v), "a non-empty list of integers >= 1"

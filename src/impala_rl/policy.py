@@ -54,6 +54,7 @@ FIXED_ENV_KEYS = (
     "env.frame_stack",
     "env.max_image_side",
     "env.float_images",
+    "env.float_image_bounds",
     "env.observation_entries",
     "env.action_mask",
     "env.info_action_mask",

@@ -275,6 +275,7 @@ class EnvFactory:
         max_image_side: int | None = None,
         float_images: bool = False,
         info_action_mask: bool = True,
+        float_image_bounds: str = "finite",
     ):
         self.env_id = env_id
         self.kwargs = dict(kwargs or {})
@@ -285,6 +286,7 @@ class EnvFactory:
         self.entries = bool(entries)  # a Tuple with an image or text, a text: as entries
         self.max_image_side = max_image_side  # larger images downscaled (None: as they are)
         self.float_images = bool(float_images)  # a float image read as a uint8 one
+        self.float_image_bounds = float_image_bounds  # which bounds such an image may have
         self.info_action_mask = bool(info_action_mask)  # a mask beside the observation
         # where that mask comes from ("info", "method", "" for nowhere): known once an env
         # was built (travels pickled)
@@ -327,6 +329,7 @@ class EnvFactory:
             env_cfg.max_image_side,
             env_cfg.float_images,
             env_cfg.info_action_mask,
+            env_cfg.float_image_bounds,
         )
 
     def __call__(self) -> gym.Env:
@@ -428,8 +431,9 @@ class EnvFactory:
 
     @property
     def images(self) -> ImageReading:
-        """How the env's images reach the model (``env.max_image_side``, ``env.float_images``)."""
-        return ImageReading(self.max_image_side, self.float_images)
+        """How the env's images reach the model (``env.max_image_side``, ``env.float_images``,
+        ``env.float_image_bounds``)."""
+        return ImageReading(self.max_image_side, self.float_images, self.float_image_bounds)
 
     def make_vector(self, num_envs: int) -> Any:
         """A native vector env of ``num_envs`` copies when the env's callable offers one (a
@@ -530,6 +534,7 @@ class EnvFactory:
                     self.max_image_side,
                     self.float_images,
                     self.info_action_mask,
+                    self.float_image_bounds,
                 )
                 rates[name] = max(rates[name], rate(candidate, AUTO_TIMING_S))
         self.vector = max(rates, key=rates.__getitem__)

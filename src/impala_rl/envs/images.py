@@ -8,10 +8,12 @@ averaged down (Pillow's box filter: each pixel the mean of the source pixels who
 covers), keeping its aspect ratio, until that side is ``max_side`` long, in the env's own
 layout (:func:`~impala_rl.envs.spaces.image_layout`; a stack of frames frame by frame).
 
-An image of floats (``env.float_images``: a float ``Box`` shaped as an image, bounds ``[0, 1]``
-or ``[0, 255]`` throughout, as a camera normalized by the env) becomes the ``uint8`` image of
-the same pixels (``x * 255`` or ``x``, rounded), so it is read by a CNN, as an image is, and
-stored in a quarter of the memory; flattened, it would be an MLP's 10^4-10^5 inputs.
+An image of floats (``env.float_images``: a float ``Box`` shaped as an image with finite bounds,
+as a camera normalized by the env to ``[0, 1]`` or ``[-1, 1]``) becomes the ``uint8`` image of
+the same pixels (``(x - low) / (high - low)`` of 255, rounded), so it is read by a CNN, as an
+image is, and stored in a quarter of the memory; flattened, it would be an MLP's 10^4-10^5
+inputs. ``env.float_image_bounds=unit`` takes only bounds ``[0, 1]`` and ``[0, 255]``, as runs
+saved before other bounds were read did.
 
 Both happen before anything else reads the observation. Every other observation, and every
 ``uint8`` image within the size, passes unchanged.
@@ -50,11 +52,13 @@ def downscaled_side(height: int, width: int, max_side: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class ImageReading:
-    """How images reach the model: ``max_side`` (``None``: any size) and whether a float
-    image becomes a ``uint8`` one (``floats``)."""
+    """How images reach the model: ``max_side`` (``None``: any size), whether a float
+    image becomes a ``uint8`` one (``floats``) and which bounds such an image may have
+    (``float_bounds``, :data:`FLOAT_IMAGE_BOUNDS`)."""
 
     max_side: int | None = None
     floats: bool = False
+    float_bounds: str = "finite"
 
     def converter(self, source: spaces.Space) -> ImageConverter | None:
         """The converter of ``source``'s observations, or ``None`` where nothing changes."""
@@ -62,10 +66,21 @@ class ImageReading:
         return converter if converter.changes else None
 
 
-def float_image_scale(space: spaces.Space) -> float | None:
-    """What turns a float image's pixels into ``uint8`` ones: ``255.0`` for bounds ``[0, 1]``,
-    ``1.0`` for ``[0, 255]``; ``None``: not a float image (another dtype or bounds, or not
-    shaped as an image: at most 4 channels, first or last, and at least
+FLOAT_IMAGE_BOUNDS = ("finite", "unit")
+"""The bounds a float image may have (``env.float_image_bounds``): any finite ones, low below
+high; or ``[0, 1]`` and ``[0, 255]`` throughout only."""
+
+PixelMap = tuple[float | np.ndarray, float | np.ndarray]
+"""``(low, scale)``: a float pixel ``x`` is the ``uint8`` pixel ``rint((x - low) * scale)``
+(numbers, or arrays of the image's shape where its bounds vary by pixel)."""
+
+
+def float_image_pixels(space: spaces.Space, bounds: str = "finite") -> PixelMap | None:
+    """What turns a float image's pixels into ``uint8`` ones: its bounds stretched over
+    0-255 (``(0, 255)`` for ``[0, 1]``, ``(0, 1)`` for ``[0, 255]``, ``(-1, 127.5)`` for
+    ``[-1, 1]``); ``None``: not a float image (another dtype, bounds that are not finite with
+    low below high, or with ``bounds="unit"`` other than ``[0, 1]`` or ``[0, 255]``
+    throughout, or not shaped as an image: at most 4 channels, first or last, and at least
     :data:`~impala_rl.envs.spaces.MIN_IMAGE_SIDE` pixels a side)."""
     if not isinstance(space, spaces.Box) or np.dtype(space.dtype).kind != "f":
         return None
@@ -77,11 +92,16 @@ def float_image_scale(space: spaces.Space) -> float | None:
         return None
     if layout in _CHANNELS and space.shape[_CHANNELS[layout]] > 4:
         return None
-    if not np.all(space.low == 0):
+    low, high = space.low.astype(np.float64), space.high.astype(np.float64)
+    if bounds == "unit":
+        if not np.all(low == 0) or not (np.all(high == 1) or np.all(high == 255)):
+            return None
+    elif not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low < high)):
         return None
-    if np.all(space.high == 1):
-        return 255.0
-    return 1.0 if np.all(space.high == 255) else None
+    scale = 255.0 / (high - low)
+    if np.all(low == low.flat[0]) and np.all(high == high.flat[0]):
+        return float(low.flat[0]), float(scale.flat[0])
+    return low.astype(np.float32), scale.astype(np.float32)
 
 
 class ImageConverter:
@@ -122,10 +142,10 @@ class ImageConverter:
             )
             return as_space, convert
         layout = image_layout(space)
-        scale = None
+        pixels = None
         if layout is None and self.reading.floats:
-            scale = float_image_scale(space)
-            layout = None if scale is None else shape_layout(space.shape)
+            pixels = float_image_pixels(space, self.reading.float_bounds)
+            layout = None if pixels is None else shape_layout(space.shape)
         if layout is None:
             return space, None
         shape = list(space.shape)
@@ -133,24 +153,27 @@ class ImageConverter:
         if max_side is not None:
             h_axis, w_axis = _SIDES[layout]
             shape[h_axis], shape[w_axis] = downscaled_side(shape[h_axis], shape[w_axis], max_side)
-        if scale is None and tuple(shape) == space.shape:
+        if pixels is None and tuple(shape) == space.shape:
             return space, None
-        low, high = (0, 255) if scale is not None else (np.min(space.low), np.max(space.high))
+        low, high = (0, 255) if pixels is not None else (np.min(space.low), np.max(space.high))
         converted = spaces.Box(int(low), int(high), tuple(shape), dtype=np.uint8)
         return converted, functools.partial(
-            _to_image, layout=layout, scale=scale, max_side=max_side
+            _to_image, layout=layout, pixels=pixels, max_side=max_side
         )
 
 
-def _to_image(value: Any, layout: str, scale: float | None, max_side: int | None) -> np.ndarray:
-    """One image leaf's value as a ``uint8`` image of ``layout`` (floats times ``scale``,
+def _to_image(value: Any, layout: str, pixels: PixelMap | None, max_side: int | None) -> np.ndarray:
+    """One image leaf's value as a ``uint8`` image of ``layout`` (floats mapped by ``pixels``,
     rounded; one that is ``uint8`` already as it is), downscaled to ``max_side``."""
     value = np.asarray(value)
-    if scale is None or value.dtype == np.uint8:
+    if pixels is None or value.dtype == np.uint8:
         image = value.astype(np.uint8, copy=False)
     else:
-        pixels = np.rint(value.astype(np.float32, copy=False) * np.float32(scale))
-        image = np.clip(pixels, 0, 255).astype(np.uint8)
+        low, scale = pixels  # Python floats keep the float32 arrays' dtype
+        floats = value.astype(np.float32, copy=False)
+        if not isinstance(low, float) or low:
+            floats = floats - low
+        image = np.clip(np.rint(floats * scale), 0, 255).astype(np.uint8)
     return image if max_side is None else downscale(image, layout, max_side)
 
 
