@@ -102,9 +102,12 @@ def _expected_names(group: object = 0) -> dict[str, set[str]]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One short real run with TensorBoard and linear learning-rate and entropy schedules."""
+    """One short real run with TensorBoard, linear learning-rate and entropy schedules and an
+    entropy floor."""
     run_dir = tmp_path_factory.mktemp("events") / "run"
-    cfg = load_config("cartpole", [*SHORT, *LINEAR_LR, *LINEAR_ENTROPY])
+    # a floor no decision is under: its event is written, the run's losses unchanged
+    floor = ["algorithm.entropy_floor=0.0"]
+    cfg = load_config("cartpole", [*SHORT, *LINEAR_LR, *LINEAR_ENTROPY, *floor])
     trainer = Trainer(cfg, run_dir=run_dir)
     summary = trainer.train()
     return types.SimpleNamespace(

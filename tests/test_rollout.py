@@ -414,15 +414,18 @@ def test_learner_adds_the_entropy_floor_penalty_only_below_the_floor():
     model = make_model()
     batch = learner_batch(model)
 
-    def total(**settings) -> tuple[float, float]:
+    def total(**settings) -> tuple[float, float, dict[int, float]]:
         learner = Learner(copy.deepcopy(model), learner_cfg(entropy_coef=0.0, **settings))
         stats = learner.update(batch)
-        return stats.total_loss, stats.policy_entropy[0]
+        return stats.total_loss, stats.policy_entropy[0], stats.policy_below_entropy_floor
 
-    without, entropy = total()
-    assert total(entropy_floor=0.0)[0] == pytest.approx(without, rel=1e-6)
-    floored, _ = total(entropy_floor=10.0, entropy_floor_coef=0.5)
+    without, entropy, below = total()
+    assert below == {}  # no floor: no figure
+    floored, _, below = total(entropy_floor=0.0)
+    assert floored == pytest.approx(without, rel=1e-6) and below == {0: 0.0}
+    floored, _, below = total(entropy_floor=10.0, entropy_floor_coef=0.5)
     assert floored - without == pytest.approx(0.5 * (10.0 - entropy), rel=1e-5)
+    assert below == {0: 1.0}
 
 
 def test_learner_update_end_to_end_reports_policy_lag():

@@ -120,6 +120,11 @@ class ImpalaEvents:
         """Mean entropy of a policy over the batch."""
 
     @epoch_stats(group_by="step_key")
+    def policy_below_entropy_floor(self, step_key, value):
+        """Share of the batch's decisions whose policy entropy is under the entropy floor
+        (``algorithm.entropy_floor``; recorded where it is set)."""
+
+    @epoch_stats(group_by="step_key")
     def policy_grad_norm(self, step_key, value):
         """Gradient norm of a policy's parameters before clipping."""
 

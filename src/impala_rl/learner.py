@@ -65,6 +65,7 @@ class UpdateStats:
     learning_rate: float
     entropy_coef: float
     timings: dict[str, float] = field(default_factory=dict)
+    policy_below_entropy_floor: dict[int, float] = field(default_factory=dict)
 
 
 log = logging.getLogger(__name__)
@@ -954,6 +955,7 @@ class Learner:
             learning_rate=learning_rate,
             entropy_coef=entropy_coef,
             timings=timings,
+            policy_below_entropy_floor=figures.get("policy_below_entropy_floor", {}),
         )
 
     def _update_graph(self) -> UpdateGraph | None:
@@ -1067,11 +1069,17 @@ class Learner:
         rho_bar = self.cfg.vtrace_clip_rho_threshold
         rhos = {k: _rows(vt.rhos, rows_of[k]) for k in pg_loss}
         values = out.value[decided].detach()
+        floor = self.cfg.entropy_floor
+        below_floor = {
+            k: (_rows(out.entropy[decided].detach(), rows_of[k]) < floor).float().mean()
+            for k in (pg_loss if floor is not None else ())
+        }
         return _pack(
             {
                 "total": {0: total},
                 "policy_loss": pg_loss,
                 "policy_entropy": {k: -x for k, x in ent_loss.items()},
+                "policy_below_entropy_floor": below_floor,
                 "critic_value_loss": value_loss,
                 "critic_value": {c: _rows(values, critic_rows[c]).mean() for c in value_loss},
                 "vtrace_mean_rho": {k: r.mean() for k, r in rhos.items()},

@@ -576,6 +576,8 @@ class Trainer:
             ev.policy_grad_norm(key, stats.policy_grad_norm[key])
             ev.vtrace_mean_rho(key, stats.vtrace_mean_rho[key])
             ev.vtrace_clipped_fraction(key, stats.vtrace_clipped_fraction[key])
+            if key in stats.policy_below_entropy_floor:
+                ev.policy_below_entropy_floor(key, stats.policy_below_entropy_floor[key])
         for key, value in stats.critic_value_loss.items():
             ev.critic_value_loss(key, value)
             ev.critic_value(key, stats.critic_value[key])
