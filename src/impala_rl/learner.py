@@ -1051,7 +1051,7 @@ class Learner:
         pg_advantages, value_loss_scale, popart_new = self._popart_step(vt, critic_rows)
         if self.cfg.normalize_advantages:
             pg_advantages = losses.normalize_advantages(pg_advantages)
-        pg_loss, ent_loss, value_loss, total = self._losses(
+        pg_loss, ent_loss, below_floor, value_loss, total = self._losses(
             out,
             vt,
             pg_advantages,
@@ -1069,11 +1069,6 @@ class Learner:
         rho_bar = self.cfg.vtrace_clip_rho_threshold
         rhos = {k: _rows(vt.rhos, rows_of[k]) for k in pg_loss}
         values = out.value[decided].detach()
-        floor = self.cfg.entropy_floor
-        below_floor = {
-            k: (_rows(out.entropy[decided].detach(), rows_of[k]) < floor).float().mean()
-            for k in (pg_loss if floor is not None else ())
-        }
         return _pack(
             {
                 "total": {0: total},
@@ -1189,15 +1184,16 @@ class Learner:
         target_log_prob: torch.Tensor | None = None,
         entropy_coef: float | torch.Tensor = 0.0,
         decided: slice = slice(0, -1),
-    ) -> tuple[dict, dict, dict, torch.Tensor]:
+    ) -> tuple[dict, dict, dict, dict, torch.Tensor]:
         """The policy-gradient (impala) or clipped-surrogate (appo, against
-        ``target_log_prob``) and entropy losses per step key and the value loss per critic,
-        each a mean over its rows (``decided`` of the outputs), and their weighted sum
-        (``entropy_coef`` is a 0-d tensor in a captured update)."""
+        ``target_log_prob``) and entropy losses per step key, the share of its decisions under
+        ``entropy_floor`` (where one is set) and the value loss per critic, each a mean over its
+        rows (``decided`` of the outputs), and their weighted sum (``entropy_coef`` is a 0-d
+        tensor in a captured update)."""
         cfg = self.cfg
         log_prob, entropy = out.log_prob[decided], out.entropy[decided]
         values = out.value[decided]
-        pg_loss, ent_loss, value_loss = {}, {}, {}
+        pg_loss, ent_loss, floor_loss, below_floor, value_loss = {}, {}, {}, {}, {}
         for k, rows in rows_of.items():
             if rows is None or bool(rows.any()):
                 if target_log_prob is None:
@@ -1210,7 +1206,11 @@ class Learner:
                         _rows(pg_advantages, rows),
                         cfg.clip_param,
                     )
-                ent_loss[k] = losses.entropy_loss(_rows(entropy, rows))
+                key_entropy = _rows(entropy, rows)
+                ent_loss[k] = losses.entropy_loss(key_entropy)
+                if cfg.entropy_floor is not None:
+                    floor_loss[k] = losses.entropy_floor_loss(key_entropy, cfg.entropy_floor)
+                    below_floor[k] = (key_entropy.detach() < cfg.entropy_floor).float().mean()
         for c, rows in critic_rows.items():
             if rows is None or bool(rows.any()):
                 value_loss[c] = value_loss_scale[c] * losses.baseline_loss(
@@ -1222,10 +1222,9 @@ class Learner:
         if train_policy:
             for k in pg_loss:
                 total = total + cfg.policy_loss_coef * pg_loss[k] + entropy_coef * ent_loss[k]
-                if cfg.entropy_floor is not None:
-                    below = losses.entropy_floor_loss(_rows(entropy, rows_of[k]), cfg.entropy_floor)
-                    total = total + cfg.entropy_floor_coef * below
-        return pg_loss, ent_loss, value_loss, total  # type: ignore[return-value]
+                if k in floor_loss:
+                    total = total + cfg.entropy_floor_coef * floor_loss[k]
+        return pg_loss, ent_loss, below_floor, value_loss, total  # type: ignore[return-value]
 
     def _backward(
         self,
