@@ -96,6 +96,28 @@ def test_auto_picks_the_vector_env_that_steps_faster_and_keeps_it(monkeypatch, f
     assert len(timed) == 4  # settled once: neither a second vector env nor a copy re-times
 
 
+def test_auto_times_candidates_with_every_setting_of_the_run(monkeypatch):
+    seen = []
+
+    def rate(factory, num_envs, seconds):
+        seen.append(factory)
+        return 1.0
+
+    monkeypatch.setattr(env_factory_module, "steps_per_second", rate)
+    factory = EnvFactory(
+        "CartPole-v1", max_episode_steps=50, vector="auto", frame_stack=3, action_mask=False
+    )
+    factory.check_env = True
+    factory.resolve_vector(2)
+    assert {candidate.vector for candidate in seen} == {"python", "envpool"}
+    settings = {
+        key: value for key, value in vars(factory).items() if key not in ("vector", "check_env")
+    }
+    for candidate in seen:
+        assert candidate is not factory and not candidate.check_env
+        assert {key: vars(candidate)[key] for key in settings} == settings
+
+
 def test_auto_times_real_vector_envs_and_is_python_where_envpool_cannot_step_the_env(
     monkeypatch,
 ):

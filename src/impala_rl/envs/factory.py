@@ -332,6 +332,15 @@ class EnvFactory:
             env_cfg.float_image_bounds,
         )
 
+    def stepping(self, vector: str) -> EnvFactory:
+        """The same env and settings stepped by ``vector``, with what building one taught
+        (its structure, its mask's source) and without the env checker (a probe's)."""
+        other = copy.copy(self)
+        other.kwargs = dict(self.kwargs)
+        other.vector = vector
+        other.check_env = False
+        return other
+
     def __call__(self) -> gym.Env:
         fn = self._target() if ":" in self.env_id else self.env_id
         if not isinstance(fn, str):
@@ -484,10 +493,8 @@ class EnvFactory:
         :func:`make_keyed_vector_env` checks first) steps in turn (its agents' turns)."""
         if self.structured:
             return None
-        one = copy.copy(self)
-        one.vector = "python"
         envs = gym.vector.AsyncVectorEnv(
-            [one] * num_envs,
+            [self.stepping("python")] * num_envs,
             copy=False,
             context="forkserver",
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
@@ -523,19 +530,7 @@ class EnvFactory:
         rates: dict[str, float] = {"python": 0.0, "envpool": 0.0}
         for _ in range(2):
             for name in rates:
-                candidate = EnvFactory(
-                    self.env_id,
-                    None,
-                    self.max_episode_steps,
-                    name,
-                    self.frame_stack,
-                    self.action_mask,
-                    self.entries,
-                    self.max_image_side,
-                    self.float_images,
-                    self.info_action_mask,
-                    self.float_image_bounds,
-                )
+                candidate = self.stepping(name)
                 rates[name] = max(rates[name], rate(candidate, AUTO_TIMING_S))
         self.vector = max(rates, key=rates.__getitem__)
         logging.getLogger(__name__).info(
