@@ -247,6 +247,33 @@ def make_tuple_image_env(length: int = 8) -> gym.Env:
     return TupleImageEnv(length)
 
 
+class MaskedTupleImageEnv(TupleImageEnv):
+    """:class:`TupleImageEnv` with its legal actions from ``action_masks()`` (every action;
+    the structured one-key case)."""
+
+    def action_masks(self) -> np.ndarray:
+        return np.ones(4, dtype=bool)
+
+
+def make_masked_tuple_image_env(length: int = 8) -> gym.Env:
+    return MaskedTupleImageEnv(length)
+
+
+def make_tuple_image_vector_env(length: int = 8) -> gym.Env:
+    """:func:`make_tuple_image_env` whose callable also offers a native vector env."""
+    return TupleImageEnv(length)
+
+
+def _tuple_image_vector(num_envs: int, length: int = 8) -> gym.vector.VectorEnv:
+    return gym.vector.SyncVectorEnv(
+        [lambda: TupleImageEnv(length)] * num_envs,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+
+
+make_tuple_image_vector_env.make_vector = _tuple_image_vector  # type: ignore[attr-defined]
+
+
 class NestedImageEnv(TupleImageEnv):
     """:class:`TupleImageEnv` with the image inside a nested Dict:
     ``{"robot": {"camera": image, "pos": vector}, "goal": vector}``."""

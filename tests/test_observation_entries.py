@@ -14,6 +14,7 @@ import dict_envs
 import impala_rl
 from impala_rl.config import config_from_dict, load_config, to_dict
 from impala_rl.envs import EnvFactory
+from impala_rl.envs.factory import make_keyed_vector_env
 from impala_rl.envs.spaces import TextTokens, observation_entries, text_tokens
 from impala_rl.envs.vector import NativeVectorEnv
 from impala_rl.nn.factory import build_model_for_env
@@ -80,6 +81,41 @@ def test_a_config_saved_before_the_setting_flattens_as_it_did():
     saved = to_dict(load_config("cartpole"))
     del saved["env"]["observation_entries"]
     assert config_from_dict(saved).env.observation_entries is False
+
+
+@pytest.mark.parametrize("env_id", ["make_tuple_image_vector_env", "make_masked_tuple_image_env"])
+@pytest.mark.parametrize("entries", [True, False])
+def test_the_setting_holds_for_native_vector_and_masked_envs(tmp_path, env_id, entries):
+    """A callable's native vector env converts rows, and a masked env (the structured one-key
+    case) converts per step key: both read a Tuple with an image as the setting says, as the
+    model does, and a run trains and its saved policy acts on raw observations."""
+    run_dir = tmp_path / "run"
+    summary = impala_rl.train(
+        "cartpole",
+        [
+            *FAST,
+            f"env.id=dict_envs:{env_id}",
+            f"env.observation_entries={str(entries).lower()}",
+            "runner.backend=sequential",
+            "max_env_steps=2000",
+        ],
+        run_dir=run_dir,
+    )
+    assert summary["env_steps"] >= 2000, summary
+    policy = impala_rl.load_policy(run_dir)
+    convs = [m for m in policy.model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert bool(convs) is entries
+    factory = EnvFactory(f"dict_envs:{env_id}", entries=entries)
+    envs = make_keyed_vector_env(factory, 2)
+    try:
+        space = envs.single_observation_space
+        assert isinstance(space, spaces.Dict) is entries
+        if not entries:
+            assert space.shape == (194,)
+    finally:
+        envs.close()
+    obs, _ = getattr(dict_envs, env_id)().reset(seed=0)
+    assert int(policy.act(obs)) in range(4)
 
 
 @pytest.mark.parametrize(

@@ -302,9 +302,10 @@ class EnvConfig:
     """A ``Tuple`` observation that holds an image or a text, a ``Text`` observation alone,
     and a Tuple or Dict inside a Dict that holds one, reach the model as a Dict's entries do
     (a Tuple's keyed by position, ``"0"``, ``"1"``...; a text alone as ``"text"``; a nested
-    one as ``"robot/camera"``): an image read by a CNN, a text as its words. ``false``:
-    flattened to one float vector (an image's pixels, a text's character indices), as runs
-    saved before this setting were."""
+    one as ``"robot/camera"``): an image read by a CNN, a text as its words; a step key's
+    observation and a native vector env's rows alike. ``false``: flattened to one float
+    vector (an image's pixels, a text's character indices), as runs saved before this
+    setting were."""
     max_image_side: int | None = 128
     """An image observation (plain, a Dict's or Tuple's entry, a step key's) whose longer side
     is longer than this many pixels is downscaled, keeping its aspect ratio, until that side

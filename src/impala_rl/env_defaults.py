@@ -197,9 +197,10 @@ def _overridden(overrides: list[str], key: str) -> bool:
     return any(item.split("=", 1)[0].strip() == key for item in overrides)
 
 
-def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
+def describe_spaces(env: Any, entries: bool = True) -> tuple[str, dict[str, Any]]:
     """``("discrete actions, vector observations", model settings)`` for one built env (its
-    observations as the model takes them: images ``[C, H, W]``)."""
+    observations as the model takes them: images ``[C, H, W]``; ``entries`` as
+    ``env.observation_entries``)."""
     action = env.action_space
     if isinstance(action, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
         actions = "discrete actions"
@@ -208,7 +209,7 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
     else:
         actions = f"{type(action).__name__} actions"
     if is_structured(env):
-        what = ", a CNN per image" if has_image(env) else ""
+        what = ", a CNN per image" if has_image(env, entries) else ""
         if isinstance(env, MaskedActionsEnv):
             return f"{actions} masked by {env.mask_from}{what}", {}
         return f"a structured env (spaces per step key{what})", {}
@@ -217,7 +218,7 @@ def describe_spaces(env: Any) -> tuple[str, dict[str, Any]]:
         entries = obs.spaces.values()
         vectors = any(_is_vector(e) for e in entries)
         what = "Dict observations (an encoder per entry"
-        what += ", a CNN per image" if has_image(env) else ""
+        what += ", a CNN per image" if has_image(env, entries) else ""
         model = {} if vectors else {"normalize_obs": False}
         return f"{actions}, {what})", model
     if not is_cnn_image(obs):  # vectors, or an image too small for a convolution
@@ -250,24 +251,24 @@ def step_seconds(env: Any, budget_s: float = STEP_TIMING_S, max_steps: int = 200
     return spent / steps
 
 
-def model_observations(env: Any) -> list[gym.Space]:
+def model_observations(env: Any, entries: bool = True) -> list[gym.Space]:
     """``env``'s observation spaces as the model takes them: one, or a structured env's per
-    step key."""
+    step key (``entries`` as ``env.observation_entries``)."""
     if is_structured(env):
-        return [KeyObservation(s, k).space for k, s in env.observation_spaces.items()]
+        return [KeyObservation(s, k, entries).space for k, s in env.observation_spaces.items()]
     return [env.observation_space]
 
 
-def has_image(env: Any) -> bool:
+def has_image(env: Any, entries: bool = True) -> bool:
     """Whether ``env``'s observation is an image that the model reads with a CNN
     (:func:`~impala_rl.nn.encoders.is_cnn_image`), or a Dict holding one, for a structured env
     under any step key."""
-    entries = [
+    read = [
         entry
-        for obs in model_observations(env)
+        for obs in model_observations(env, entries)
         for entry in (obs.spaces.values() if isinstance(obs, gym.spaces.Dict) else [obs])
     ]
-    return any(is_cnn_image(e) for e in entries)
+    return any(is_cnn_image(e) for e in read)
 
 
 def _is_vector(space: Any) -> bool:
@@ -291,9 +292,10 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
     preset_cfg = load_config(GENERIC_PRESET if family is None else family[0])  # as written
     probe = EnvFactory.of(env_cfg, vector="python")()
     try:
-        spaces, model = describe_spaces(probe)
-        images = has_image(probe)
-        image_side = largest_image_side(model_observations(probe))
+        entries = env_cfg.observation_entries
+        spaces, model = describe_spaces(probe, entries)
+        images = has_image(probe, entries)
+        image_side = largest_image_side(model_observations(probe, entries))
         step_s = step_seconds(probe) if _steps_in_one_process(preset_cfg) else 0.0
         step_keys = len(probe.observation_spaces) if is_structured(probe) else 1
         observation = None if is_structured(probe) else probe.observation_space

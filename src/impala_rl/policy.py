@@ -115,7 +115,8 @@ class Policy:
         self._outside_mask = _outside_mask(env)  # its checks and layout, no env calls
         if is_structured(env):
             self._key_observations = {
-                k: KeyObservation(s, k) for k, s in env.observation_spaces.items()
+                k: KeyObservation(s, k, cfg.env.observation_entries)
+                for k, s in env.observation_spaces.items()
             }
             self._n_agents = int(env.n_agents)
             if isinstance(env, ConvertedKeyImages):
@@ -299,7 +300,7 @@ def load_policy(run_dir: str | Path, which: str = "best") -> Policy:
     env_factory = EnvFactory.of(cfg.env)
     env = env_factory()
     try:
-        model = build_model_for_env(cfg.model, env)
+        model = build_model_for_env(cfg.model, env, cfg.env.observation_entries)
         model.load_state_dict(data["model"])
         return Policy(model, env_factory, cfg, env)
     finally:

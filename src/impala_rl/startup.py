@@ -96,7 +96,7 @@ def probe_env(cfg: RunConfig) -> EnvProbe:
     probe = env_factory()
     observation_space, action_space = probe.observation_space, probe.action_space
     try:
-        model = build_model_for_env(cfg.model, probe)
+        model = build_model_for_env(cfg.model, probe, cfg.env.observation_entries)
     finally:
         probe.close()
     n_envs, unroll = cfg.algorithm.envs_per_actor, cfg.algorithm.n_rollout_steps

@@ -475,8 +475,8 @@ class EnvFactory:
             if make is None:
                 return None
             envs = make(num_envs, **self.kwargs)
-            if envs is not None and NativeVectorEnv.needed(envs, self.images):
-                envs = NativeVectorEnv(envs, images=self.images)
+            if envs is not None and NativeVectorEnv.needed(envs, self.images, self.entries):
+                envs = NativeVectorEnv(envs, images=self.images, entries=self.entries)
         if envs is not None and self.max_episode_steps is not None:
             envs.close()
             raise EnvError(
@@ -576,7 +576,8 @@ def make_env_factory(env_cfg: Any) -> EnvFactory:
         probe = factory()
         if is_structured(probe):
             for k, space in sorted(probe.observation_spaces.items()):
-                log_dropped_entries(env_cfg.id, KeyObservation(space, k).dropped, k)
+                dropped = KeyObservation(space, k, env_cfg.observation_entries).dropped
+                log_dropped_entries(env_cfg.id, dropped, k)
         else:
             log_dropped_entries(env_cfg.id, getattr(probe, "dropped", []))
             check_step_api(env_cfg.id, probe)
@@ -725,5 +726,5 @@ def make_keyed_vector_env(factory: Callable[[], gym.Env], num_envs: int) -> Any:
         structured = is_structured(probe)
         probe.close()
     if structured:
-        return StructuredVectorEnv([factory] * num_envs)
+        return StructuredVectorEnv([factory] * num_envs, getattr(factory, "entries", True))
     return SingleKeyVectorEnv(make_vector_env(factory, num_envs))

@@ -204,10 +204,11 @@ class KeyObservation:
 
     ``space`` is the model's observation space of the key (a ``Box``, or a ``Dict`` that keeps
     its entries: :class:`~impala_rl.envs.spaces.ObservationConverter`); ``mask_size`` is the
-    number of actions of its ``action_mask`` (``None`` without one).
+    number of actions of its ``action_mask`` (``None`` without one); ``entries`` is
+    ``env.observation_entries``.
     """
 
-    def __init__(self, source: spaces.Space, key: int):
+    def __init__(self, source: spaces.Space, key: int, entries: bool = True):
         self.source = source
         self.mask_size: int | None = None
         rest = source
@@ -220,7 +221,7 @@ class KeyObservation:
         if isinstance(rest, spaces.Dict) and not rest.spaces:
             raise EnvError(f"observation_spaces[{key}] has nothing but an action_mask")
         self.rest = rest
-        self._convert = ObservationConverter(rest)
+        self._convert = ObservationConverter(rest, entries)
         self.space = self._convert.space
         self.dropped = self._convert.dropped
 
@@ -261,14 +262,16 @@ class StructuredVectorEnv:
     observation is a Dict); the entries of other keys are stale.
     """
 
-    def __init__(self, factories: Sequence[Callable[[], gym.Env]]):
+    def __init__(self, factories: Sequence[Callable[[], gym.Env]], entries: bool = True):
         self.envs = [factory() for factory in factories]
         self.num_envs = n = len(self.envs)
         first = self.envs[0]
         check_structured_env(first)
         self.step_keys = sorted(first.observation_spaces)
         self.n_agents = int(first.n_agents)
-        self.key_obs = {k: KeyObservation(first.observation_spaces[k], k) for k in self.step_keys}
+        self.key_obs = {
+            k: KeyObservation(first.observation_spaces[k], k, entries) for k in self.step_keys
+        }
         self.action_spaces = dict(first.action_spaces)
         self.obs = {k: _zeros(n, c.space) for k, c in self.key_obs.items()}
         self.masks = {

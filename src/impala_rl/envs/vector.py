@@ -118,11 +118,17 @@ class NativeVectorEnv:
     vector env batched, as Gymnasium's vector envs take it.
     """
 
-    def __init__(self, envs: Any, model_form: bool = False, images: ImageReading | None = None):
+    def __init__(
+        self,
+        envs: Any,
+        model_form: bool = False,
+        images: ImageReading | None = None,
+        entries: bool = True,
+    ):
         self.envs = envs
         self.num_envs = envs.num_envs
         self.reset_here = _resets_later(envs)
-        self._convert = _RowConverter(envs.single_observation_space, images)
+        self._convert = _RowConverter(envs.single_observation_space, images, entries)
         self._same_form = model_form or self._convert.identity
         self.single_observation_space = (
             envs.single_observation_space if model_form else self._convert.space
@@ -132,11 +138,11 @@ class NativeVectorEnv:
         self._tuple = isinstance(envs.single_observation_space, gym.spaces.Tuple)
 
     @staticmethod
-    def needed(envs: Any, images: ImageReading | None = None) -> bool:
+    def needed(envs: Any, images: ImageReading | None = None, entries: bool = True) -> bool:
         """Whether ``envs`` resets on another step than the one that ends an episode,
         observes in another form than the model's, or takes a Tuple or Dict action (the actor
         loop gives one per row)."""
-        identity = _RowConverter(envs.single_observation_space, images).identity
+        identity = _RowConverter(envs.single_observation_space, images, entries).identity
         return _resets_later(envs) or not identity or is_composite(envs.single_action_space)
 
     def _model_form(self, obs: Any) -> Any:
@@ -178,12 +184,13 @@ class NativeVectorEnv:
 class _RowConverter:
     """One row's observation in the model's form: its images as ``images`` reads them
     (:class:`~impala_rl.envs.images.ImageConverter`), then converted
-    (:class:`~impala_rl.envs.spaces.ObservationConverter`)."""
+    (:class:`~impala_rl.envs.spaces.ObservationConverter`, ``entries`` as
+    ``env.observation_entries``)."""
 
-    def __init__(self, source: gym.Space, images: ImageReading | None):
+    def __init__(self, source: gym.Space, images: ImageReading | None, entries: bool = True):
         self._images = None if images is None else images.converter(source)
         read = source if self._images is None else self._images.space
-        self._convert = ObservationConverter(read)
+        self._convert = ObservationConverter(read, entries)
         self.space = self._convert.space
         self.identity = self._images is None and self._convert.identity
 

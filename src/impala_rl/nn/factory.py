@@ -63,9 +63,10 @@ def build_model(
     )
 
 
-def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic:
+def build_model_for_env(model_cfg: ModelConfig, env: Any, entries: bool = True) -> ActorCritic:
     """:func:`build_model` for a plain env, or the model with a structured env's step keys
-    (per-key spaces as the structured vector env presents them)."""
+    (per-key spaces as the structured vector env presents them, ``entries`` as
+    ``env.observation_entries``)."""
     from impala_rl.envs.structured import KeyObservation, check_structured_env, is_structured
 
     if not is_structured(env):
@@ -77,7 +78,7 @@ def build_model_for_env(model_cfg: ModelConfig, env: Any) -> ActorCritic:
                 "env's step keys each read their whole observation; valid: null"
             )
     check_structured_env(env)
-    converters = {k: KeyObservation(s, k) for k, s in env.observation_spaces.items()}
+    converters = {k: KeyObservation(s, k, entries) for k, s in env.observation_spaces.items()}
     return _model(
         model_cfg,
         {k: c.space for k, c in converters.items()},
