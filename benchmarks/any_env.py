@@ -28,7 +28,7 @@ The records that made docs/results.md's table are kept in ``benchmarks/results/a
 always come from one session: the time ratio is taken per seed).
 
 One run at a time: SB3 takes torch's threads (one per core), and two SB3 runs on two cores
-each with two threads crawl (Unlock: unfinished after 19 minutes, ~2.5 alone). To screen
+each with two threads crawl (Unlock: unfinished after 19 minutes, ~2 minutes alone). To screen
 scores two at a time, give SB3 one thread each (``OMP_NUM_THREADS=1``); its wall times then
 do not compare.
 
