@@ -222,7 +222,10 @@ def provenance() -> dict[str, str]:
         ).stdout.strip()
     except OSError:
         commit = ""
-    return {"cpu": cpu, "commit": commit}
+    record = {"cpu": cpu, "commit": commit}
+    if os.environ.get("OMP_NUM_THREADS"):  # a screen's runs, threads limited (the docstring)
+        record["omp_threads"] = os.environ["OMP_NUM_THREADS"]
+    return record
 
 
 def evaluate(name: str, lib: str, run_dir: Path, episodes: int) -> float:
