@@ -13,9 +13,10 @@ budget, timed from the process's start to its exit:
 Then the final policy of each run plays ``--episodes`` deterministic episodes on fresh envs
 with the same seeds for both (its score: the mean return). The table gives, per env, the
 median over seeds of the score and of the wall time of each library and the ratios
-(impala-rl / SB3). Everything lands in ``OUT/results.json`` as it finishes: a killed run is
-started again with the same command and skips what is done. Runs alternate between the
-libraries (seed by seed), so a change in the machine's load falls on both.
+(impala-rl / SB3). Everything lands in ``OUT/results.json`` as it finishes (commands started
+side by side into one OUT keep each other's records): a killed run is started again with the
+same command and skips what is done. Runs alternate between the libraries (seed by seed), so a
+change in the machine's load falls on both.
 
     pip install -e '.[bench]'    # SB3, highway-env, flappy-bird-gymnasium (benchmark only)
     python benchmarks/any_env.py --out runs/any-env               # every env, seeds 0 1 2
@@ -282,6 +283,20 @@ def save_results(out: Path, results: list[dict]) -> None:
     tmp.replace(path)
 
 
+def add_record(out: Path, record: dict) -> list[dict]:
+    """Add ``record`` to ``OUT/results.json`` as it is on disk now, under a lock: runs of
+    other seeds or envs started into the same OUT keep theirs. Returns every record."""
+    import fcntl
+
+    with open(out / "results.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        key = (record["env"], record["lib"], record["seed"])
+        results = [r for r in load_results(out) if (r["env"], r["lib"], r["seed"]) != key]
+        results.append(record)
+        save_results(out, results)
+    return results
+
+
 def table(results: list[dict]) -> str:
     """Per env: median score and wall time of each library over seeds, and the time ratio:
     the median over seeds of each seed's impala-rl / SB3 wall time (a seed's two runs are
@@ -386,8 +401,7 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 record = run_one(name, lib, seed, args.out, args.impala_args)
                 print(json.dumps(record), flush=True)
-                results.append(record)
-                save_results(args.out, results)
+                results = add_record(args.out, record)
     print(table(results))
 
 
