@@ -202,6 +202,7 @@ def run_one(name: str, lib: str, seed: int, out: Path, impala_args: list[str]) -
         "wall_s": wall,
         "score": score,
         "load": round(load, 2),
+        **({"impala_args": impala_args} if lib == "impala" and impala_args else {}),
         **provenance(),
     }
 

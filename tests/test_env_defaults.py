@@ -462,7 +462,10 @@ def test_a_cnn_gets_ppos_atari_reuse_and_an_explicit_setting_wins(caplog):
     with caplog.at_level(logging.INFO, logger="impala_rl.env_defaults"):
         cfg = resolve_config(None, [catch])
     assert (cfg.algorithm.num_passes, cfg.algorithm.num_minibatches) == IMAGE_REUSE == (4, 4)
-    assert "4 passes x 4 minibatches (PPO's Atari reuse for the CNN)" in caplog.text
+    assert (
+        "4 passes x 4 minibatches of single decisions (PPO's Atari reuse for the CNN)"
+        in caplog.text
+    )
     given = resolve_config(None, [catch, "algorithm.num_passes=10"])
     assert (given.algorithm.num_passes, given.algorithm.num_minibatches) == (10, 4)
     vectors = resolve_config(None, ["env.id=impala_rl.envs.samples:GridWorld"])
