@@ -474,3 +474,14 @@ def test_a_cnn_gets_ppos_atari_reuse_and_an_explicit_setting_wins(caplog):
         any_env.num_passes,
         any_env.num_minibatches,
     )
+
+
+def test_any_env_draws_single_decisions_unless_the_user_asks_for_a_core():
+    """PPO's minibatches for an env of no family; a core (one torso feeds it) trains on whole
+    columns (the LSTM needs sequences), and ``steps`` set beside a core is refused."""
+    grid = "env.id=impala_rl.envs.samples:GridWorld"
+    assert resolve_config(None, [grid]).algorithm.minibatch_of == "steps"
+    lstm = [grid, "model.core=lstm", "model.shared_torso=true"]
+    assert resolve_config(None, lstm).algorithm.minibatch_of == "columns"
+    with pytest.raises(ConfigError, match=r"algorithm\.minibatch_of"):
+        resolve_config(None, [*lstm, "algorithm.minibatch_of=steps"])
