@@ -89,7 +89,9 @@ def test_an_objective_no_run_reports_is_refused():
 
 
 # -- the storage -------------------------------------------------------------------------------
-def test_study_db_appears_with_its_tables_so_a_reader_never_builds_them(tmp_path, monkeypatch):
+def test_study_db_appears_with_its_tables_and_study_so_a_reader_never_builds_them(
+    tmp_path, monkeypatch
+):
     import os
     import sqlite3
 
@@ -102,15 +104,17 @@ def test_study_db_appears_with_its_tables_so_a_reader_never_builds_them(tmp_path
     real_replace = os.replace
 
     def replace(src, dst):  # the moment study.db appears
-        seen.append(
-            {row[0] for row in sqlite3.connect(src).execute("SELECT name FROM sqlite_master")}
-        )
+        db = sqlite3.connect(src)
+        seen.append({row[0] for row in db.execute("SELECT name FROM sqlite_master")})
+        seen.append({row[0] for row in db.execute("SELECT study_name FROM studies")})
+        db.close()
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
     study.load()
     monkeypatch.undo()
-    assert len(seen) == 1 and {"alembic_version", "studies", "trials"} <= seen[0]
+    assert len(seen) == 2 and {"alembic_version", "studies", "trials"} <= seen[0]
+    assert seen[1] == {"impala"}  # a reader loads the study at once
     assert not (study.dir / "study.db.new").exists()
     version = sqlite3.connect(study.dir / "study.db").execute("SELECT * FROM alembic_version")
     assert len(version.fetchall()) == 1

@@ -143,9 +143,9 @@ class Study:
         return f"sqlite:///{(self.dir / 'study.db').resolve()}"
 
     def _create_storage_file(self) -> None:
-        """``study.db`` with its tables, built aside and renamed into place: a reader (the
-        dashboard, a second ``impala tune``) that sees the file never races the tuner to
-        create the schema."""
+        """``study.db`` with its tables and its study, built aside and renamed into place: a
+        reader (the dashboard, a second ``impala tune``) that sees the file never races the
+        tuner to create the schema, and finds the study in it."""
         db = self.dir / "study.db"
         if db.is_file():
             return
@@ -153,7 +153,10 @@ class Study:
 
         aside = db.with_name("study.db.new")
         aside.unlink(missing_ok=True)
+        from optuna.study import StudyDirection
+
         storage = RDBStorage(f"sqlite:///{aside.resolve()}")
+        storage.create_new_study([StudyDirection[self.s.direction.upper()]], study_name="impala")
         storage.remove_session()
         storage.engine.dispose()
         os.replace(aside, db)
