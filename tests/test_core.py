@@ -214,6 +214,10 @@ def test_a_core_needs_time_major_observations_and_a_shared_torso():
         ActorCritic(OBS, spaces.Discrete(2), core="lstm", shared_torso=False)
     with pytest.raises(ConfigError, match="model.shared_torso"):
         load_config("cartpole", ["model.core=lstm", "model.shared_torso=false"])
+    # a core asked for alone gets the one torso it needs, unless a value torso is set
+    assert load_config("cartpole", ["model.core=lstm"]).model.shared_torso
+    with pytest.raises(ConfigError, match="model.shared_torso"):
+        load_config("cartpole", ["model.core=lstm", "model.value_encoder=mlp"])
     with pytest.raises(ConfigError, match=r"model.core.*none \| lstm"):
         load_config("cartpole", ["model.core=gru"])
 

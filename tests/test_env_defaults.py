@@ -481,7 +481,8 @@ def test_any_env_draws_single_decisions_unless_the_user_asks_for_a_core():
     columns (the LSTM needs sequences), and ``steps`` set beside a core is refused."""
     grid = "env.id=impala_rl.envs.samples:GridWorld"
     assert resolve_config(None, [grid]).algorithm.minibatch_of == "steps"
-    lstm = [grid, "model.core=lstm", "model.shared_torso=true"]
-    assert resolve_config(None, lstm).algorithm.minibatch_of == "columns"
+    lstm = [grid, "model.core=lstm"]  # and one torso to feed it, which the user need not say
+    cfg = resolve_config(None, lstm)
+    assert cfg.algorithm.minibatch_of == "columns" and cfg.model.shared_torso
     with pytest.raises(ConfigError, match=r"algorithm\.minibatch_of"):
         resolve_config(None, [*lstm, "algorithm.minibatch_of=steps"])

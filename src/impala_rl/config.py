@@ -376,8 +376,9 @@ class ModelConfig:
     """Dict observations: the entries the value torso reads (``shared_torso: false``);
     ``null``: every entry. A privileged critic reads entries the policy does not."""
     core: str = "none"
-    """``none`` or ``lstm``: an LSTM between torso and heads (needs ``shared_torso=true``);
-    each rollout stores its initial state and the state resets at episode starts."""
+    """``none`` or ``lstm``: an LSTM between torso and heads (one torso feeds it:
+    ``shared_torso`` becomes true unless set); each rollout stores its initial state and the
+    state resets at episode starts."""
     lstm_hidden_size: int = 256
     """Hidden units of the LSTM core."""
     use_last_action_reward: bool = False
@@ -739,16 +740,23 @@ def merge_config(
 
 
 def _preset_yields_to_core(cfg: RunConfig, given: set[str]) -> None:
-    """A preset's minibatches of single decisions (``minibatch_of=steps``) give way to a core
-    the user asks for (``impala train minigrid model.core=lstm``): the LSTM trains on whole
-    columns. Set by the user together with a core, ``steps`` is refused by :func:`validate`."""
-    a = cfg.algorithm
-    if (
-        cfg.model.core != "none"
-        and a.minibatch_of == "steps"
-        and "algorithm.minibatch_of" not in given
-    ):
+    """A core the user asks for (``impala train minigrid model.core=lstm``) gets what it needs
+    from the settings the user did not give: one torso that feeds it (``shared_torso``, where
+    no value torso of its own is set) and minibatches of whole columns (the LSTM trains on
+    sequences) instead of a preset's single decisions (``minibatch_of=steps``). Set by the user
+    beside a core, ``shared_torso=false`` and ``steps`` are refused by :func:`validate`."""
+    a, m = cfg.algorithm, cfg.model
+    if m.core == "none":
+        return
+    if a.minibatch_of == "steps" and "algorithm.minibatch_of" not in given:
         a.minibatch_of = "columns"
+    if (
+        not m.shared_torso
+        and "model.shared_torso" not in given
+        and m.value_encoder is None
+        and m.value_obs_keys is None
+    ):
+        m.shared_torso = True
 
 
 def config_from_dict(data: dict) -> RunConfig:
