@@ -5,6 +5,7 @@
 #     bash scripts/gpu_session.sh            # <= 570 s: breakdown, batch_update, 2 seeds, splits
 #     LEVERS=1 bash scripts/gpu_session.sh   # ~500 s: seed 1 under each sample-efficiency lever
 #     BREAKOUT=1 bash scripts/gpu_session.sh # ~540 s: the `atari` preset's Breakout, resumable
+#     THROUGHPUT=1 bash scripts/gpu_session.sh  # ~420 s: gpu_box.py, sized and 3 levers on env steps/s
 #
 # 0. tests/test_update_graph.py on the GPU: the captured update (its optimizer step in the
 #    graph) against the eager one;
@@ -26,6 +27,11 @@
 # often per env step as on 2 cores, 48 publishes a batch at ~0.9 ms each; on 2 cores run 38
 # found the 4th-step publishes within the seeds' spread up to +15).
 # 140 s of training each, to fit one device call.
+# With THROUGHPUT=1, instead: benchmarks/gpu_box.py for the sized `pong_appo` (no override: its
+# ratio to the env bound, target 0.8) and, in the same call, the levers on env steps/s, which
+# bound the time to +18 (run 47: 12-13k env steps/s where the sized update allows ~39k, ~19k
+# needed for 90 s): a third inference server, 12 actors (the servers and the learner get cores
+# of their own) and 24 (more envs stepping while others wait for answers); 60 s of training each.
 # With BREAKOUT=1, instead: `benchmarks/learning.py atari --seeds 1` (Breakout, 10M env steps,
 # sized to the box) for 480 s in runs/gpu-breakout, continued from its checkpoint by the next
 # call; its curve per million env steps. Runs/ stays on a warm machine between calls; the run
@@ -102,6 +108,17 @@ for i, r in enumerate(rows):  # the first row past each million env steps, and t
               f"{r.get('train_return_recent')}, evaluation {r.get('eval_return/mean')}")
 PY
     [ "${DRY:-0}" = 1 ] || cp -r "$bench" "$OUT/"  # to carry to a cold machine's runs/
+    exit 0
+fi
+if [ "${THROUGHPUT:-0}" = 1 ]; then
+    secs=60 env_s=10 procs=() vs=(--vs 'runner.inference_servers=3' --vs 'algorithm.num_actors=12'
+        --vs 'algorithm.num_actors=24')
+    if [ "${DRY:-0}" = 1 ]; then
+        secs=15 env_s=3 procs=(--procs 2) vs=(--vs 'algorithm.num_actors=1')
+    fi
+    timeout $((BUDGET_S - (SECONDS - START_S) - 10)) "$PY" benchmarks/gpu_box.py "${procs[@]}" \
+        --env-seconds $env_s --train-seconds $secs --out "$OUT/gpu_box.json" pong_appo "${vs[@]}" \
+        2>&1 | grep -v "A.L.E\|Stella"
     exit 0
 fi
 if [ "${LEVERS:-0}" = 1 ]; then
