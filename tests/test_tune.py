@@ -18,7 +18,7 @@ from impala_rl import checkpoint
 from impala_rl.config import ConfigError
 from impala_rl.tune.pbt import Population, PopulationSettings, copy_checkpoints
 from impala_rl.tune.space import parse_param, parse_space
-from impala_rl.tune.study import StudySettings, check_settings
+from impala_rl.tune.study import STUDY_NAME, StudySettings, check_settings
 from test_cli import _env
 
 optuna = pytest.importorskip("optuna")
@@ -100,21 +100,22 @@ def test_study_db_appears_with_its_tables_and_study_so_a_reader_never_builds_the
     study = Study(StudySettings("cartpole", TRIAL, SPACE, study_dir=str(tmp_path / "s")))
     study.dir.mkdir()
     (study.dir / "study.db.new").write_text("what a killed tuner left")
-    seen: list[set[str]] = []
+    tables: list[set[str]] = []
+    studies: list[set[str]] = []
     real_replace = os.replace
 
     def replace(src, dst):  # the moment study.db appears
         db = sqlite3.connect(src)
-        seen.append({row[0] for row in db.execute("SELECT name FROM sqlite_master")})
-        seen.append({row[0] for row in db.execute("SELECT study_name FROM studies")})
+        tables.append({row[0] for row in db.execute("SELECT name FROM sqlite_master")})
+        studies.append({row[0] for row in db.execute("SELECT study_name FROM studies")})
         db.close()
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
     study.load()
     monkeypatch.undo()
-    assert len(seen) == 2 and {"alembic_version", "studies", "trials"} <= seen[0]
-    assert seen[1] == {"impala"}  # a reader loads the study at once
+    assert len(tables) == 1 and {"alembic_version", "studies", "trials"} <= tables[0]
+    assert studies == [{STUDY_NAME}]  # a reader loads the study at once
     assert not (study.dir / "study.db.new").exists()
     version = sqlite3.connect(study.dir / "study.db").execute("SELECT * FROM alembic_version")
     assert len(version.fetchall()) == 1
@@ -153,7 +154,7 @@ def _wait_for(condition, timeout: float = 300.0, what: str = "") -> None:
 
 
 def _finished_trials(study_dir: Path) -> dict[int, tuple[float, dict]]:
-    study = optuna.load_study(study_name="impala", storage=f"sqlite:///{study_dir / 'study.db'}")
+    study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{study_dir / 'study.db'}")
     return {
         t.number: (t.value, t.params)
         for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))

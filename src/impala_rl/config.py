@@ -735,11 +735,11 @@ def merge_config(
         cfg: RunConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from None
-    _preset_yields_to_core(cfg, _given_keys(preset, overrides, base))
+    _fit_to_core(cfg, _given_keys(preset, overrides, base))
     return cfg
 
 
-def _preset_yields_to_core(cfg: RunConfig, given: set[str]) -> None:
+def _fit_to_core(cfg: RunConfig, given: set[str]) -> None:
     """A core the user asks for (``impala train minigrid model.core=lstm``) gets what it needs
     from the settings the user did not give: one torso that feeds it (``shared_torso``, where
     no value torso of its own is set) and minibatches of whole columns (the LSTM trains on

@@ -34,6 +34,8 @@ from impala_rl.tune.space import Param, overrides_of, parse_space
 log = logging.getLogger(__name__)
 
 OBJECTIVE = "eval_return/mean"
+STUDY_NAME = "impala"
+"""The study's name in ``study.db`` (one study a folder)."""
 
 
 @dataclass
@@ -150,13 +152,12 @@ class Study:
         if db.is_file():
             return
         from optuna.storages import RDBStorage
+        from optuna.study import StudyDirection
 
         aside = db.with_name("study.db.new")
         aside.unlink(missing_ok=True)
-        from optuna.study import StudyDirection
-
         storage = RDBStorage(f"sqlite:///{aside.resolve()}")
-        storage.create_new_study([StudyDirection[self.s.direction.upper()]], study_name="impala")
+        storage.create_new_study([StudyDirection[self.s.direction.upper()]], study_name=STUDY_NAME)
         storage.remove_session()
         storage.engine.dispose()
         os.replace(aside, db)
@@ -175,7 +176,7 @@ class Study:
         if storage is None:
             self._create_storage_file()
         return optuna.create_study(
-            study_name="impala",
+            study_name=STUDY_NAME,
             storage=storage or self.storage_url(),
             sampler=sampler,
             pruner=pruner,
