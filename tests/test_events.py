@@ -438,6 +438,25 @@ def test_every_reducer():
     )
 
 
+def test_values_recorded_at_once_reduce_as_the_same_values_one_by_one():
+    """``record_each`` (a minibatch's policy lag, one value per decision) is the same epoch
+    figures as recording each value; a grouped or many-field event is refused."""
+    lags = [3, 0, 7, 7, 1]
+    one_by_one, at_once = EventRecorder(), EventRecorder()
+    ev = one_by_one.interface(ImpalaEvents)
+    for lag in lags:
+        ev.policy_lag(lag)
+    at_once.interface(ImpalaEvents).policy_lag(2)
+    at_once.record_each(ImpalaEvents.policy_lag, lags[:2])
+    at_once.record_each(ImpalaEvents.policy_lag, iter(lags[2:]))
+    ev.policy_lag(2)
+    assert EpochStatsAggregator(at_once).reduce() == EpochStatsAggregator(one_by_one).reduce()
+    with pytest.raises(ValueError, match="policy_loss: record_each takes"):
+        EventRecorder().record_each(ImpalaEvents.policy_loss, [1.0])
+    with pytest.raises(ValueError, match="estimated_queue_sizes: record_each takes"):
+        EventRecorder().record_each(ImpalaEvents.estimated_queue_sizes, [1.0])
+
+
 def test_grouping_by_step_key_and_critic_key_with_two_keys():
     learner_rec, actor_rec = EventRecorder(), EventRecorder()
     ev = learner_rec.interface(ImpalaEvents)

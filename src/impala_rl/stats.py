@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from impala_rl.events import EventSpec, event_specs, spec_of
@@ -90,6 +90,17 @@ class EventRecorder:
         group = kwargs.pop(spec.group_by) if spec.group_by else None
         with self._lock:
             self._values[(spec.name, group)].append(kwargs)
+
+    def record_each(self, event: Callable | EventSpec, values: Iterable[float]) -> None:
+        """One event of a single ungrouped field per value, under one lock: what a per-sample
+        figure (a minibatch's policy lag per decision) costs, hundreds of times a batch."""
+        spec = spec_of(event)
+        if spec.group_by or len(spec.fields) != 1:
+            raise ValueError(f"{spec.name}: record_each takes events of one ungrouped field")
+        self._specs.setdefault(spec.name, spec)
+        field = spec.fields[0]
+        with self._lock:
+            self._values[(spec.name, None)].extend({field: v} for v in values)
 
     def drain(self) -> tuple[dict[str, EventSpec], dict[tuple[str, Any], list[dict[str, float]]]]:
         with self._lock:

@@ -586,8 +586,7 @@ class Trainer:
         ev.grad_norm(stats.grad_norm)
         ev.learning_rate(stats.learning_rate)
         ev.entropy_coef(stats.entropy_coef)
-        for lag in stats.policy_lag:
-            ev.policy_lag(lag)
+        self.recorder.record_each(ImpalaEvents.policy_lag, stats.policy_lag)
 
     def _background_evaluator(self) -> BackgroundEvaluator | ProcessEvaluator | None:
         """The leader's evaluator under ``rollout_evaluator.background`` (None: in the pause)."""
