@@ -76,6 +76,90 @@ def make_mismatched_env() -> gym.Env:
     return env
 
 
+class PartsEnv(gym.Env):
+    """A Dict action of a choice, an amount and a slot: 3 of 5 choices are legal each step, at
+    random, and the slot is one of 3 of which only the shown one is legal. The reward is the
+    chosen value, plus 0.25 when the amount is within 0.25 of the shown target; an illegal
+    choice or slot pays -1 (``strict=True`` raises instead). The best legal play earns 1.0 a
+    step on average (8 an episode of 8); the best legal choice with the amount at random 0.81
+    (6.5), a random legal choice and amount 0.56 (4.5).
+
+    The mask covers the action's Discrete parts: ``nested=False`` one array of 8 entries (the
+    choice's 5, then the slot's 3, the action space's order), ``nested=True`` a Dict keyed as
+    the action (``{"choice": 5, "slot": 3}``)."""
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, length: int = 8, strict: bool = False, nested: bool = False):
+        self.action_space = spaces.Dict(
+            {
+                "choice": spaces.Discrete(N_ACTIONS),
+                "amount": spaces.Box(-1.0, 1.0, (1,), np.float32),
+                "slot": spaces.Discrete(3),
+            }
+        )
+        mask_space: spaces.Space = spaces.MultiBinary(N_ACTIONS + 3)
+        if nested:
+            mask_space = spaces.Dict(
+                {"choice": spaces.MultiBinary(N_ACTIONS), "slot": spaces.MultiBinary(3)}
+            )
+        self.observation_space = spaces.Dict(
+            {
+                "values": spaces.Box(0.0, 1.0, (N_ACTIONS,), np.float32),
+                "target": spaces.Box(-1.0, 1.0, (1,), np.float32),
+                "action_mask": mask_space,
+            }
+        )
+        self.length, self.strict, self.nested = length, strict, nested
+        self.t = 0
+
+    def _obs(self) -> dict:
+        rng = self.np_random
+        self.values = rng.uniform(0.0, 1.0, N_ACTIONS).astype(np.float32)
+        self.target = rng.uniform(-0.5, 0.5, (1,)).astype(np.float32)
+        self.legal = np.zeros(N_ACTIONS, bool)
+        self.legal[rng.permutation(N_ACTIONS)[: N_ACTIONS // 2 + 1]] = True
+        self.slot = int(rng.integers(3))
+        choice, slot = self.legal.astype(np.int8), np.eye(3, dtype=np.int8)[self.slot]
+        mask = {"choice": choice, "slot": slot} if self.nested else np.concatenate([choice, slot])
+        return {"values": self.values.copy(), "target": self.target.copy(), "action_mask": mask}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        choice, slot = int(action["choice"]), int(action["slot"])
+        if not self.legal[choice] or slot != self.slot:
+            if self.strict:
+                raise ValueError(f"illegal action {action!r}")
+            reward = -1.0
+        else:
+            near = abs(float(np.asarray(action["amount"]).reshape(-1)[0]) - self.target[0])
+            reward = float(self.values[choice]) + (0.25 if near <= 0.25 else 0.0)
+        self.t += 1
+        return self._obs(), reward, False, self.t >= self.length, {}
+
+
+def make_parts_env(length: int = 8, strict: bool = False, nested: bool = False) -> gym.Env:
+    return PartsEnv(length, strict, nested)
+
+
+def make_mismatched_parts_env() -> gym.Env:
+    """A Dict mask whose slot part is keyed as no part of the action."""
+    env = PartsEnv(nested=True)
+    env.observation_space = spaces.Dict(
+        {
+            "values": env.observation_space["values"],
+            "action_mask": spaces.Dict(
+                {"choice": spaces.MultiBinary(N_ACTIONS), "slots": spaces.MultiBinary(3)}
+            ),
+        }
+    )
+    return env
+
+
 class OutsideMaskEnv(BestLegalEnv):
     """:class:`BestLegalEnv` whose observation is the values alone and whose legal actions come
     beside it: ``info["action_mask"]`` at reset and every step (``source="info"``, as

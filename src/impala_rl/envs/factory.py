@@ -52,6 +52,7 @@ from impala_rl.envs.spaces import (
     is_composite,
     keeps_structure,
     log_dropped_entries,
+    mask_width,
     model_observation_space,
 )
 from impala_rl.envs.structured import (
@@ -62,7 +63,6 @@ from impala_rl.envs.structured import (
     StructuredVectorEnv,
     has_action_mask,
     is_structured,
-    mask_width,
     outside_mask_source,
 )
 from impala_rl.envs.vector import NativeVectorEnv, SameStepVectorEnv

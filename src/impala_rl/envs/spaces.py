@@ -241,6 +241,40 @@ def is_composite(space: spaces.Space) -> bool:
     return isinstance(space, (spaces.Tuple, spaces.Dict))
 
 
+def space_leaves(space: spaces.Space, path: str = "") -> list[tuple[str, spaces.Space]]:
+    """The non-container spaces of a (nested) ``Tuple`` or ``Dict`` space, in order, each
+    with its path (``[0]['force']``); any other space is its own one leaf."""
+    if isinstance(space, spaces.Tuple):
+        items: Any = enumerate(space.spaces)
+    elif isinstance(space, spaces.Dict):
+        items = space.spaces.items()
+    else:
+        return [(path, space)]
+    leaves = [leaf for key, sub in items for leaf in space_leaves(sub, f"{path}[{key!r}]")]
+    return leaves or [(path, space)]  # an empty container stands for itself
+
+
+def mask_layout(space: spaces.Space) -> list[tuple[str, int]]:
+    """The parts of ``space`` an ``action_mask`` covers, in order, with their widths: one
+    entry per action of a ``Discrete``, one per value of each ``MultiDiscrete`` dimension
+    (concatenated), and of a ``Tuple`` or ``Dict`` action those of its leaves that are either
+    (its ``MultiBinary`` and ``Box`` parts take none)."""
+    layout = []
+    for path, leaf in space_leaves(space):
+        if isinstance(leaf, spaces.Discrete):
+            layout.append((path, int(leaf.n)))
+        elif isinstance(leaf, spaces.MultiDiscrete):
+            layout.append((path, int(np.asarray(leaf.nvec).sum())))
+    return layout
+
+
+def mask_width(space: spaces.Space) -> int | None:
+    """How many entries an ``action_mask`` for ``space`` has (:func:`mask_layout`'s widths
+    added up); ``None``: no part of the space takes a mask."""
+    layout = mask_layout(space)
+    return sum(width for _, width in layout) if layout else None
+
+
 ACTION_LEAVES = (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Box)
 """The action spaces a policy head samples; a ``Tuple`` or ``Dict`` of them is one action of
 parts."""

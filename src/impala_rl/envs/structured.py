@@ -40,7 +40,13 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from impala_rl.envs.spaces import EnvError, ObservationConverter
+from impala_rl.envs.spaces import (
+    EnvError,
+    ObservationConverter,
+    mask_layout,
+    mask_width,
+    space_leaves,
+)
 
 ACTION_MASK = "action_mask"
 
@@ -83,15 +89,30 @@ def is_structured(env: Any) -> bool:
     return isinstance(env, StructuredEnv)
 
 
-def mask_width(space: spaces.Space) -> int | None:
-    """How many entries an ``action_mask`` for ``space`` has: one per action of a
-    ``Discrete``, one per value of each ``MultiDiscrete`` dimension (concatenated); ``None``:
-    the space takes no mask."""
-    if isinstance(space, spaces.Discrete):
-        return int(space.n)
-    if isinstance(space, spaces.MultiDiscrete):
-        return int(np.asarray(space.nvec).sum())
-    return None
+def check_mask_fits(mask_space: spaces.Space, action_space: spaces.Space, where: str) -> None:
+    """An :class:`EnvError` unless an ``action_mask`` of ``mask_space`` covers ``action_space``:
+    one entry per action of each of its ``Discrete`` and ``MultiDiscrete`` parts
+    (:func:`~impala_rl.envs.spaces.mask_layout`), flat and concatenated, or a ``Tuple`` of
+    those parts' masks in order, or a ``Dict`` keyed as the action's masked parts."""
+    layout = mask_layout(action_space)
+    needs = " + ".join(f"{w} for {p or 'its actions'}" for p, w in layout) or "no mask"
+    size = int(spaces.flatdim(mask_space))
+    parts = [(p, int(spaces.flatdim(leaf))) for p, leaf in space_leaves(mask_space)]
+    nested = isinstance(mask_space, (spaces.Dict, spaces.Tuple))
+    fits = bool(layout) and size == sum(w for _, w in layout)
+    if fits and nested:
+        keyed = isinstance(mask_space, spaces.Dict)
+        fits = (parts if keyed else [w for _, w in parts]) == (
+            layout if keyed else [w for _, w in layout]
+        )
+    if not fits:
+        got = f"{size} entries" + (
+            f" ({', '.join(f'{p}: {w}' for p, w in parts)})" if nested else ""
+        )
+        raise EnvError(
+            f"{where} has an action_mask of {got}; its action space {action_space} needs "
+            f"{needs} (0/1 per action of its Discrete and MultiDiscrete parts)"
+        )
 
 
 def has_action_mask(space: spaces.Space) -> bool:
@@ -204,17 +225,21 @@ class KeyObservation:
 
     ``space`` is the model's observation space of the key (a ``Box``, or a ``Dict`` that keeps
     its entries: :class:`~impala_rl.envs.spaces.ObservationConverter`); ``mask_size`` is the
-    number of actions of its ``action_mask`` (``None`` without one); ``entries`` is
-    ``env.observation_entries``.
+    number of entries of its ``action_mask`` (``None`` without one), which the policy reads
+    flat: a ``Dict`` or ``Tuple`` mask (one part per masked part of a composite action) is
+    concatenated in its space's order; ``entries`` is ``env.observation_entries``.
     """
 
     def __init__(self, source: spaces.Space, key: int, entries: bool = True):
         self.source = source
         self.mask_size: int | None = None
+        self.mask_space: spaces.Space | None = None
+        self._nested_mask = False
         rest = source
         if has_action_mask(source):
-            mask_space = source.spaces[ACTION_MASK]
-            self.mask_size = int(np.prod(mask_space.shape))
+            self.mask_space = source.spaces[ACTION_MASK]
+            self.mask_size = int(spaces.flatdim(self.mask_space))
+            self._nested_mask = isinstance(self.mask_space, (spaces.Dict, spaces.Tuple))
             rest = spaces.Dict({k: v for k, v in source.spaces.items() if k != ACTION_MASK})
             if len(rest.spaces) == 1:
                 rest = next(iter(rest.spaces.values()))
@@ -229,7 +254,10 @@ class KeyObservation:
         """The model's form of ``obs`` (an array, or a dict of arrays) and its mask."""
         mask = None
         if self.mask_size is not None:
-            mask = np.asarray(obs[ACTION_MASK]).reshape(-1).astype(bool)
+            mask = obs[ACTION_MASK]
+            if self._nested_mask:
+                mask = spaces.flatten(self.mask_space, mask)
+            mask = np.asarray(mask).reshape(-1).astype(bool)
             obs = {k: v for k, v in obs.items() if k != ACTION_MASK}
             if not isinstance(self.rest, spaces.Dict):
                 obs = next(iter(obs.values()))
@@ -429,10 +457,6 @@ def check_structured_env(env: Any) -> None:
     if int(getattr(env, "n_agents", 1)) < 1:
         raise EnvError(f"{name}: n_agents must be >= 1, got {env.n_agents!r}")
     for k in keys:
-        converter = KeyObservation(obs_spaces[k], k)
-        if converter.mask_size is not None and converter.mask_size != mask_width(act_spaces[k]):
-            raise EnvError(
-                f"{name}: step key {k} has an action_mask of {converter.mask_size} entries; "
-                f"it needs a Discrete({converter.mask_size}) action space or a MultiDiscrete "
-                f"whose values add up to {converter.mask_size}, got {act_spaces[k]}"
-            )
+        mask_space = KeyObservation(obs_spaces[k], k).mask_space
+        if mask_space is not None:
+            check_mask_fits(mask_space, act_spaces[k], f"{name}: step key {k}")

@@ -31,10 +31,6 @@ from impala_rl.nn.core import CoreState, LSTMCore
 from impala_rl.nn.distributions import (
     ActionDistribution,
     ActionHead,
-    CategoricalDistribution,
-    DiscreteHead,
-    MultiCategoricalDistribution,
-    MultiDiscreteHead,
     action_feature_size,
     encode_actions,
     make_action_head,
@@ -63,11 +59,12 @@ class PolicyNet(nn.Module):
         head = self.action_head
         if action_mask is None:
             return head(features)
-        if isinstance(head, DiscreteHead):
-            return CategoricalDistribution(head.logits(features), action_mask)
-        if isinstance(head, MultiDiscreteHead):
-            return MultiCategoricalDistribution(head.logits(features), head.nvec, action_mask)
-        raise ValueError("an action_mask needs a Discrete or MultiDiscrete action space")
+        if head.mask_width is None:
+            raise ValueError(
+                "an action_mask needs Discrete or MultiDiscrete actions (or a Tuple or Dict "
+                f"with such parts), got {head.action_space}"
+            )
+        return head(features, action_mask)
 
 
 class ValueNet(nn.Module):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from impala_rl.envs.spaces import is_composite
+from impala_rl.envs.spaces import is_composite, mask_width, space_leaves
 
 __all__ = [
     "SUPPORTED_ACTION_SPACES",
@@ -311,10 +311,13 @@ class ActionHead(nn.Module, ABC):
     def __init__(self, action_space: gymnasium.Space) -> None:
         super().__init__()
         self.action_space = action_space
+        self.mask_width = mask_width(action_space)
+        """Entries of an action mask (``None``: the head takes none)."""
 
     @abstractmethod
-    def forward(self, features: Tensor) -> ActionDistribution:
-        """Return the action distribution for ``features [*batch, F]``."""
+    def forward(self, features: Tensor, mask: Tensor | None = None) -> ActionDistribution:
+        """Return the action distribution for ``features [*batch, F]``; ``mask
+        [*batch, mask_width]`` (bool, heads that take one) marks the legal actions."""
 
     @abstractmethod
     def to_env(self, actions: Tensor) -> np.ndarray:
@@ -332,8 +335,8 @@ class DiscreteHead(ActionHead):
         self.action_dtype = torch.int64
         self.logits = _small_linear(in_features, self.n)
 
-    def forward(self, features: Tensor) -> CategoricalDistribution:
-        return CategoricalDistribution(self.logits(features))
+    def forward(self, features: Tensor, mask: Tensor | None = None) -> CategoricalDistribution:
+        return CategoricalDistribution(self.logits(features), mask)
 
     def to_env(self, actions: Tensor) -> np.ndarray:
         return _to_numpy(actions).astype(np.int64) + self.start
@@ -351,8 +354,8 @@ class MultiDiscreteHead(ActionHead):
         self.action_dtype = torch.int64
         self.logits = _small_linear(in_features, sum(self.nvec))
 
-    def forward(self, features: Tensor) -> MultiCategoricalDistribution:
-        return MultiCategoricalDistribution(self.logits(features), self.nvec)
+    def forward(self, features: Tensor, mask: Tensor | None = None) -> MultiCategoricalDistribution:
+        return MultiCategoricalDistribution(self.logits(features), self.nvec, mask)
 
     def to_env(self, actions: Tensor) -> np.ndarray:
         arr = _to_numpy(actions).astype(np.int64) + self.start
@@ -408,20 +411,6 @@ class BoxHead(ActionHead):
         return arr.reshape(arr.shape[:-1] + self.space_shape)
 
 
-def _leaves(space: gymnasium.Space, path: str = "") -> list[tuple[str, gymnasium.Space]]:
-    """The non-container spaces of a (nested) ``Tuple`` or ``Dict`` space, in order, each
-    with its path (``[0]['force']``)."""
-    spaces = gymnasium.spaces
-    if isinstance(space, spaces.Tuple):
-        items: Any = enumerate(space.spaces)
-    elif isinstance(space, spaces.Dict):
-        items = space.spaces.items()
-    else:
-        return [(path, space)]
-    leaves = [leaf for key, sub in items for leaf in _leaves(sub, f"{path}[{key!r}]")]
-    return leaves or [(path, space)]  # an empty container stands for itself
-
-
 def _assemble(space: gymnasium.Space, values: Iterator[Any]) -> Any:
     """One action of a (nested) ``Tuple`` or ``Dict`` space from its leaves' values, in order."""
     if isinstance(space, gymnasium.spaces.Tuple):
@@ -440,7 +429,7 @@ class CompositeHead(ActionHead):
     def __init__(self, action_space: gymnasium.Space, in_features: int) -> None:
         super().__init__(action_space)
         heads = []
-        for path, leaf in _leaves(action_space):
+        for path, leaf in space_leaves(action_space):
             if is_composite(leaf):
                 where = f"an empty entry {path}" if path else "no entries"
                 raise ValueError(f"the action space {action_space!r} has {where}")
@@ -456,8 +445,15 @@ class CompositeHead(ActionHead):
         self.action_shape = (sum(math.prod(s) for s in self.shapes),)
         self.action_dtype = torch.float32
 
-    def forward(self, features: Tensor) -> CompositeDistribution:
-        return CompositeDistribution([h(features) for h in self.heads], self.shapes)
+    def forward(self, features: Tensor, mask: Tensor | None = None) -> CompositeDistribution:
+        if mask is None:
+            return CompositeDistribution([h(features) for h in self.heads], self.shapes)
+        widths = [h.mask_width for h in self.heads if h.mask_width is not None]
+        masks = iter(torch.split(mask, widths, dim=-1))  # the masked parts' own, in order
+        parts = [
+            h(features) if h.mask_width is None else h(features, next(masks)) for h in self.heads
+        ]
+        return CompositeDistribution(parts, self.shapes)
 
     def split(self, actions: Tensor) -> list[Tensor]:
         """Each leaf's model actions, in its own dtype, from joined ``actions [*batch, W]``."""
@@ -503,7 +499,7 @@ def action_feature_size(space: gymnasium.Space) -> int:
     if isinstance(space, gymnasium.spaces.MultiDiscrete):
         return int(np.asarray(space.nvec).sum())
     if is_composite(space):
-        return sum(action_feature_size(leaf) for _, leaf in _leaves(space))
+        return sum(action_feature_size(leaf) for _, leaf in space_leaves(space))
     return int(np.prod(space.shape, dtype=np.int64))
 
 
