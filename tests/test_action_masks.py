@@ -16,7 +16,7 @@ from impala_rl.config import config_from_dict, load_config, to_dict
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.factory import EnvError
 from impala_rl.envs.spaces import mask_width
-from impala_rl.envs.structured import KeyObservation, MaskedActionsEnv
+from impala_rl.envs.structured import KeyObservation, MaskedActionsEnv, OutsideActionMask
 from impala_rl.nn.actor_critic import PolicyNet
 from impala_rl.nn.distributions import MultiCategoricalDistribution, make_action_head
 from impala_rl.policy import Policy
@@ -87,6 +87,18 @@ def test_a_nested_mask_is_read_as_the_flat_one_and_a_misnamed_part_is_refused(tm
             run_dir=tmp_path / "run",
         )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_dict_actions_mask_beside_the_observation_may_come_keyed_by_part():
+    """``info["action_mask"]`` (or ``action_masks()``, ``policy.act(action_mask=...)``) for a
+    Dict action: flat, or a dict keyed as its masked parts, read as the same flat mask."""
+    outside = OutsideActionMask(masked_envs.make_parts_env(), "info")
+    choice, slot = np.array([1, 0, 1, 1, 0]), np.array([0, 0, 1])
+    keyed = outside.with_mask(np.zeros(2), {"slot": slot, "choice": choice}, "reset")
+    flat = outside.with_mask(np.zeros(2), np.concatenate([choice, slot]), "reset")
+    assert np.array_equal(keyed["action_mask"], flat["action_mask"])
+    with pytest.raises(EnvError, match="no part 'slot'"):
+        outside.with_mask(np.zeros(2), {"choice": choice}, "a step")
 
 
 def test_the_factory_makes_a_masked_plain_env_the_one_key_case():

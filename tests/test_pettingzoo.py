@@ -362,6 +362,33 @@ def test_random_opponent_replays_a_seeded_game_of_unmasked_moves():
     assert all(box.contains(move) for move in draws[0])
 
 
+def test_a_random_opponent_keeps_a_dict_action_to_its_masked_parts():
+    """A Dict action's mask (flat, or keyed as its masked parts) holds each masked part to its
+    legal values; the amount between them is drawn as its space's, and a mask missing a part
+    is named."""
+    from gymnasium import spaces
+
+    from impala_rl.envs.pettingzoo import random_legal_move
+
+    space = spaces.Dict(
+        {
+            "amount": spaces.Box(-1.0, 1.0, (1,), np.float32),
+            "choice": spaces.Discrete(4, start=1),
+            "slot": spaces.MultiDiscrete([2, 3]),
+        }
+    )
+    choice, slot = np.array([0, 1, 0, 1]), np.array([1, 0, 0, 0, 1])
+    for mask in (np.concatenate([choice, slot]), {"choice": choice, "slot": slot}):
+        rng = np.random.default_rng(5)
+        moves = [random_legal_move(space, mask, rng) for _ in range(200)]
+        assert all(space.contains(m) for m in moves)
+        assert {m["choice"] for m in moves} == {2, 4}  # start 1: the mask's entries 1 and 3
+        assert {tuple(m["slot"].tolist()) for m in moves} == {(0, 2)}
+        assert np.std([m["amount"][0] for m in moves]) > 0.1
+    with pytest.raises(EnvError, match="no part 'slot'"):
+        random_legal_move(space, {"choice": choice}, np.random.default_rng(0))
+
+
 def test_a_pettingzoo_module_as_env_id_is_played_through_the_aec_adapter():
     """``env.id=pettingzoo.classic.tictactoe_v3``: the module's game as ``make_aec_env`` plays
     it, ``env.kwargs`` its other arguments; the game given twice, or an argument it does not

@@ -297,7 +297,7 @@ class EnvConfig:
     """A plain env with ``Discrete`` or ``MultiDiscrete`` actions (or parts) that gives its
     legal actions beside the observation, as ``info["action_mask"]`` at reset and every step
     (Gymnasium's Taxi) or as an ``action_masks()`` method (sb3-contrib's MaskablePPO
-    convention), in the flat layout of ``action_mask``: the policy picks legal actions only,
+    convention), in the layout of ``action_mask``: the policy picks legal actions only,
     as with an ``action_mask`` entry (the first env built is reset once to look). ``false``: ignored
     (runs saved before this setting)."""
     observation_entries: bool = True

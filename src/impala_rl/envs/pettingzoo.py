@@ -31,7 +31,14 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from impala_rl.envs.spaces import EnvError
+from impala_rl.envs.spaces import (
+    EnvError,
+    assemble_leaves,
+    flat_mask,
+    is_composite,
+    mask_width,
+    space_leaves,
+)
 from impala_rl.envs.structured import ActorID, StructuredEnv
 
 OPPONENTS = ("self_play", "random", "mixed")
@@ -212,7 +219,9 @@ def random_legal_move(space: gymnasium.Space, mask: Any, rng: np.random.Generato
 
     ``mask``: ``None``, or 0/1 per action of a ``Discrete`` or per value of each
     ``MultiDiscrete`` dimension (concatenated, as the policy reads it; a tuple of per-dimension
-    masks is taken too). Other spaces take no mask: the space's own sampler, seeded from ``rng``.
+    masks is taken too), or for a ``Tuple`` or ``Dict`` one those of its Discrete and
+    MultiDiscrete parts (:func:`~impala_rl.envs.spaces.flat_mask`), each part drawn on its own.
+    Other spaces take no mask: the space's own sampler, seeded from ``rng``.
     """
     if isinstance(space, gymnasium.spaces.Discrete):
         n = int(space.n)
@@ -220,6 +229,16 @@ def random_legal_move(space: gymnasium.Space, mask: Any, rng: np.random.Generato
         if legal.size == 0:
             raise EnvError("the opponent's action_mask allows no move")
         return int(space.start) + int(rng.choice(legal))
+    if is_composite(space):  # each part as its own space, a masked one on its own mask
+        leaves = [leaf for _, leaf in space_leaves(space)]
+        widths = [mask_width(leaf) for leaf in leaves]
+        flat = None if mask is None else flat_mask(space, mask)
+        bounds = np.cumsum([0] + [w or 0 for w in widths])
+        moves = [
+            random_legal_move(leaf, None if flat is None or w is None else flat[a:b], rng)
+            for leaf, w, a, b in zip(leaves, widths, bounds[:-1], bounds[1:], strict=True)
+        ]
+        return assemble_leaves(space, iter(moves))
     if isinstance(space, gymnasium.spaces.MultiDiscrete):
         nvec = np.asarray(space.nvec).reshape(-1)
         if mask is None:

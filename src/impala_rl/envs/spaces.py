@@ -22,6 +22,7 @@ import functools
 import hashlib
 import logging
 import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -254,6 +255,16 @@ def space_leaves(space: spaces.Space, path: str = "") -> list[tuple[str, spaces.
     return leaves or [(path, space)]  # an empty container stands for itself
 
 
+def assemble_leaves(space: spaces.Space, values: Iterator[Any]) -> Any:
+    """One value of a (nested) ``Tuple`` or ``Dict`` space from its leaves' values, in the
+    order of :func:`space_leaves`."""
+    if isinstance(space, spaces.Tuple):
+        return tuple(assemble_leaves(sub, values) for sub in space.spaces)
+    if isinstance(space, spaces.Dict):
+        return {key: assemble_leaves(sub, values) for key, sub in space.spaces.items()}
+    return next(values)
+
+
 def mask_layout(space: spaces.Space) -> list[tuple[str, int]]:
     """The parts of ``space`` an ``action_mask`` covers, in order, with their widths: one
     entry per action of a ``Discrete``, one per value of each ``MultiDiscrete`` dimension
@@ -273,6 +284,28 @@ def mask_width(space: spaces.Space) -> int | None:
     added up); ``None``: no part of the space takes a mask."""
     layout = mask_layout(space)
     return sum(width for _, width in layout) if layout else None
+
+
+def flat_mask(space: spaces.Space, mask: Any) -> np.ndarray:
+    """An action mask for ``space`` as the one array of :func:`mask_layout`'s entries: ``mask``
+    flat already, or for a ``Dict`` action a dict keyed as its masked parts, for a ``Tuple``
+    one a tuple of their masks in order (nested as the action is)."""
+    if isinstance(space, spaces.Dict) and isinstance(mask, Mapping):
+        subs = [(k, sub) for k, sub in space.spaces.items() if mask_width(sub) is not None]
+        missing = [k for k, _ in subs if k not in mask]
+        if missing:
+            raise EnvError(f"an action_mask for {space} has no part {missing[0]!r}")
+        parts = [flat_mask(sub, mask[k]) for k, sub in subs]
+    elif isinstance(space, spaces.Tuple) and isinstance(mask, (tuple, list)):
+        subs = [sub for sub in space.spaces if mask_width(sub) is not None]
+        if len(mask) != len(subs):
+            raise EnvError(
+                f"an action_mask of {len(mask)} parts for {space}: it has {len(subs)} to mask"
+            )
+        parts = [flat_mask(sub, part) for sub, part in zip(subs, mask, strict=True)]
+    else:
+        return np.asarray(mask).reshape(-1)
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 ACTION_LEAVES = (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Box)

@@ -43,6 +43,7 @@ from gymnasium import spaces
 from impala_rl.envs.spaces import (
     EnvError,
     ObservationConverter,
+    flat_mask,
     mask_layout,
     mask_width,
     space_leaves,
@@ -190,7 +191,7 @@ class OutsideActionMask(gym.Wrapper):
     def with_mask(self, obs: Any, mask: Any, when: str) -> dict:
         """``obs`` as this wrapper observes it: its entries and ``mask`` (checked), as the
         env's steps give them and as :meth:`~impala_rl.policy.Policy.act` takes them apart."""
-        mask = np.asarray(mask).reshape(-1)
+        mask = flat_mask(self.env.action_space, mask)
         if mask.shape != (self.width,):
             raise EnvError(
                 f"the action_mask ({self.source}) has {mask.size} entries at {when}; "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from impala_rl.envs.spaces import is_composite, mask_width, space_leaves
+from impala_rl.envs.spaces import assemble_leaves, is_composite, mask_width, space_leaves
 
 __all__ = [
     "SUPPORTED_ACTION_SPACES",
@@ -411,15 +411,6 @@ class BoxHead(ActionHead):
         return arr.reshape(arr.shape[:-1] + self.space_shape)
 
 
-def _assemble(space: gymnasium.Space, values: Iterator[Any]) -> Any:
-    """One action of a (nested) ``Tuple`` or ``Dict`` space from its leaves' values, in order."""
-    if isinstance(space, gymnasium.spaces.Tuple):
-        return tuple(_assemble(sub, values) for sub in space.spaces)
-    if isinstance(space, gymnasium.spaces.Dict):
-        return {key: _assemble(sub, values) for key, sub in space.spaces.items()}
-    return next(values)
-
-
 class CompositeHead(ActionHead):
     """Head for a ``Tuple`` or ``Dict`` action space (nested too) of the other spaces: one
     head per leaf on the same features, the parts independent given them
@@ -464,7 +455,7 @@ class CompositeHead(ActionHead):
         """A list of ``N`` actions (tuples or dicts) for model actions ``[N, W]``."""
         parts = [h.to_env(a) for h, a in zip(self.heads, self.split(actions), strict=True)]
         return [
-            _assemble(self.action_space, iter([p[i] for p in parts]))
+            assemble_leaves(self.action_space, iter([p[i] for p in parts]))
             for i in range(actions.shape[0])
         ]
 
