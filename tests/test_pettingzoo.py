@@ -387,6 +387,9 @@ def test_a_random_opponent_keeps_a_dict_action_to_its_masked_parts():
         assert np.std([m["amount"][0] for m in moves]) > 0.1
     with pytest.raises(EnvError, match="no part 'slot'"):
         random_legal_move(space, {"choice": choice}, np.random.default_rng(0))
+    pair = spaces.Tuple((spaces.Discrete(3), spaces.Discrete(2)))
+    for mask in ([0, 0, 1, 1, 0], ([0, 0, 1], [1, 0])):  # one flat list, or a list per part
+        assert random_legal_move(pair, mask, np.random.default_rng(1)) == (2, 0)
 
 
 def test_a_pettingzoo_module_as_env_id_is_played_through_the_aec_adapter():

@@ -296,7 +296,7 @@ def flat_mask(space: spaces.Space, mask: Any) -> np.ndarray:
         if missing:
             raise EnvError(f"an action_mask for {space} has no part {missing[0]!r}")
         parts = [flat_mask(sub, mask[k]) for k, sub in subs]
-    elif isinstance(space, spaces.Tuple) and isinstance(mask, (tuple, list)):
+    elif isinstance(space, spaces.Tuple) and _of_parts(mask):
         subs = [sub for sub in space.spaces if mask_width(sub) is not None]
         if len(mask) != len(subs):
             raise EnvError(
@@ -306,6 +306,13 @@ def flat_mask(space: spaces.Space, mask: Any) -> np.ndarray:
     else:
         return np.asarray(mask).reshape(-1)
     return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _of_parts(mask: Any) -> bool:
+    """A tuple or list of per-part masks, not one flat list of 0/1 entries."""
+    return isinstance(mask, (tuple, list)) and any(
+        isinstance(part, Mapping) or np.ndim(part) > 0 for part in mask
+    )
 
 
 ACTION_LEAVES = (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Box)
