@@ -36,6 +36,7 @@ from impala_rl.envs.spaces import (
     assemble_leaves,
     flat_mask,
     is_composite,
+    mask_layout,
     mask_width,
     space_leaves,
 )
@@ -230,13 +231,11 @@ def random_legal_move(space: gymnasium.Space, mask: Any, rng: np.random.Generato
             raise EnvError("the opponent's action_mask allows no move")
         return int(space.start) + int(rng.choice(legal))
     if is_composite(space):  # each part as its own space, a masked one on its own mask
-        leaves = [leaf for _, leaf in space_leaves(space)]
-        widths = [mask_width(leaf) for leaf in leaves]
-        flat = None if mask is None else flat_mask(space, mask)
-        bounds = np.cumsum([0] + [w or 0 for w in widths])
+        widths = [w for _, w in mask_layout(space)]
+        masks = iter([] if mask is None else np.split(flat_mask(space, mask), np.cumsum(widths)))
         moves = [
-            random_legal_move(leaf, None if flat is None or w is None else flat[a:b], rng)
-            for leaf, w, a, b in zip(leaves, widths, bounds[:-1], bounds[1:], strict=True)
+            random_legal_move(leaf, None if mask_width(leaf) is None else next(masks, None), rng)
+            for _, leaf in space_leaves(space)
         ]
         return assemble_leaves(space, iter(moves))
     if isinstance(space, gymnasium.spaces.MultiDiscrete):

@@ -97,16 +97,16 @@ def check_mask_fits(mask_space: spaces.Space, action_space: spaces.Space, where:
     those parts' masks in order, or a ``Dict`` keyed as the action's masked parts."""
     layout = mask_layout(action_space)
     needs = " + ".join(f"{w} for {p or 'its actions'}" for p, w in layout) or "no mask"
-    size = int(spaces.flatdim(mask_space))
     parts = [(p, int(spaces.flatdim(leaf))) for p, leaf in space_leaves(mask_space)]
-    nested = isinstance(mask_space, (spaces.Dict, spaces.Tuple))
-    fits = bool(layout) and size == sum(w for _, w in layout)
-    if fits and nested:
-        keyed = isinstance(mask_space, spaces.Dict)
-        fits = (parts if keyed else [w for _, w in parts]) == (
-            layout if keyed else [w for _, w in layout]
-        )
+    size = sum(w for _, w in parts)
+    if isinstance(mask_space, spaces.Dict):  # keyed as the masked parts
+        fits = parts == layout
+    elif isinstance(mask_space, spaces.Tuple):  # the masked parts in order
+        fits = [w for _, w in parts] == [w for _, w in layout]
+    else:
+        fits = bool(layout) and size == sum(w for _, w in layout)
     if not fits:
+        nested = isinstance(mask_space, (spaces.Dict, spaces.Tuple))
         got = f"{size} entries" + (
             f" ({', '.join(f'{p}: {w}' for p, w in parts)})" if nested else ""
         )

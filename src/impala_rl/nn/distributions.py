@@ -435,12 +435,13 @@ class CompositeHead(ActionHead):
         self.shapes = [tuple(h.action_shape) for h in heads]
         self.action_shape = (sum(math.prod(s) for s in self.shapes),)
         self.action_dtype = torch.float32
+        self.mask_widths = [h.mask_width for h in heads if h.mask_width is not None]
+        """The masked parts' widths, in order: how a mask splits."""
 
     def forward(self, features: Tensor, mask: Tensor | None = None) -> CompositeDistribution:
         if mask is None:
             return CompositeDistribution([h(features) for h in self.heads], self.shapes)
-        widths = [h.mask_width for h in self.heads if h.mask_width is not None]
-        masks = iter(torch.split(mask, widths, dim=-1))  # the masked parts' own, in order
+        masks = iter(torch.split(mask, self.mask_widths, dim=-1))  # each masked part's own
         parts = [
             h(features) if h.mask_width is None else h(features, next(masks)) for h in self.heads
         ]
