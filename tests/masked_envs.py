@@ -160,6 +160,56 @@ def make_mismatched_parts_env() -> gym.Env:
     return env
 
 
+class SwitchesEnv(gym.Env):
+    """A ``MultiBinary(4)`` action: four switches, each shown a target position. Each step a
+    switch is held at 0 (a quarter of the time), held at 1 (a quarter) or free; the mask gives
+    two entries per switch (may it be 0, may it be 1), and a held switch's target is where it
+    is held. The reward is 0.25 per switch at its target; a held switch moved pays -1
+    (``strict=True`` raises instead). The best play earns 1.0 a step (8 an episode of 8), the
+    free switches at random 0.75 (6)."""
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, length: int = 8, strict: bool = False, n: int = 4):
+        self.action_space = spaces.MultiBinary(n)
+        self.observation_space = spaces.Dict(
+            {
+                "target": spaces.Box(0.0, 1.0, (n,), np.float32),
+                "action_mask": spaces.MultiBinary(2 * n),
+            }
+        )
+        self.length, self.strict, self.n = length, strict, n
+        self.t = 0
+
+    def _obs(self) -> dict:
+        rng = self.np_random
+        self.target = rng.integers(0, 2, self.n)
+        held = rng.random(self.n) < 0.5
+        self.mask = np.ones((self.n, 2), np.int8)
+        self.mask[held, 1 - self.target[held]] = 0  # a held switch may only stay at its target
+        return {"target": self.target.astype(np.float32), "action_mask": self.mask.reshape(-1)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        bits = np.asarray(action).reshape(-1).astype(np.int64)
+        if not self.mask[np.arange(self.n), bits].all():
+            if self.strict:
+                raise ValueError(f"illegal action {action!r}")
+            reward = -1.0
+        else:
+            reward = 0.25 * float((bits == self.target).sum())
+        self.t += 1
+        return self._obs(), reward, False, self.t >= self.length, {}
+
+
+def make_switches_env(length: int = 8, strict: bool = False) -> gym.Env:
+    return SwitchesEnv(length, strict)
+
+
 class OutsideMaskEnv(BestLegalEnv):
     """:class:`BestLegalEnv` whose observation is the values alone and whose legal actions come
     beside it: ``info["action_mask"]`` at reset and every step (``source="info"``, as

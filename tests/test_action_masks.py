@@ -1,5 +1,6 @@
 """A plain env's ``action_mask``: the policy picks legal actions only (the env is the
-structured protocol's one-key case), for Discrete and MultiDiscrete actions; ``false`` (and
+structured protocol's one-key case), for Discrete, MultiDiscrete and MultiBinary actions and
+the parts of a Tuple or Dict one; ``false`` (and
 runs saved before the setting) reads the entry as any other. A mask the env gives beside its
 observation (``info["action_mask"]``, an ``action_masks()`` method) is applied the same way."""
 
@@ -18,7 +19,11 @@ from impala_rl.envs.factory import EnvError
 from impala_rl.envs.spaces import mask_width
 from impala_rl.envs.structured import KeyObservation, MaskedActionsEnv, OutsideActionMask
 from impala_rl.nn.actor_critic import PolicyNet
-from impala_rl.nn.distributions import MultiCategoricalDistribution, make_action_head
+from impala_rl.nn.distributions import (
+    BernoulliDistribution,
+    MultiCategoricalDistribution,
+    make_action_head,
+)
 from impala_rl.policy import Policy
 
 FAST = ["log.console=false", "log.tensorboard=false", "target_return=null"]
@@ -37,6 +42,34 @@ def test_a_masked_multi_categorical_never_draws_an_illegal_value():
     torch.testing.assert_close(first, torch.ones(400))
     with pytest.raises(ValueError, match="sum\\(nvec\\)"):
         MultiCategoricalDistribution(logits, (3, 2), mask[:, :4])
+
+
+def test_a_masked_multibinary_holds_each_bit_its_mask_allows_one_value_of():
+    """Two entries per bit (may it be 0, may it be 1): a bit with one legal value always takes
+    it, with a log-prob and an entropy of 0 and no gradient to its logit; a bit with both (or,
+    a mask's mistake, neither) stays free."""
+    torch.manual_seed(0)
+    logits = torch.randn(400, 4, requires_grad=True)
+    # bit 0 held at 0, bit 1 at 1, bit 2 free, bit 3 with no legal value (left free)
+    mask = torch.tensor([[True, False, False, True, True, True, False, False]] * 400)
+    dist = BernoulliDistribution(logits, mask)
+    actions = dist.sample(torch.Generator().manual_seed(0))
+    assert set(actions[:, 0].tolist()) == {0} and set(actions[:, 1].tolist()) == {1}
+    assert set(actions[:, 2].tolist()) == {0, 1} and set(actions[:, 3].tolist()) == {0, 1}
+    assert torch.equal(dist.mode()[:, :2], torch.tensor([[0, 1]] * 400))
+    free = BernoulliDistribution(logits[:, 2:])
+    torch.testing.assert_close(dist.log_prob(actions), free.log_prob(actions[:, 2:]))
+    torch.testing.assert_close(dist.entropy(), free.entropy())
+    dist.entropy().sum().backward()
+    assert (logits.grad[:, :2] == 0).all() and (logits.grad[:, 2:] != 0).all()
+    with pytest.raises(ValueError, match="2 x 4 bits"):
+        BernoulliDistribution(logits, mask[:, :4])
+    space = gym.spaces.Dict({"choice": gym.spaces.Discrete(2), "lights": gym.spaces.MultiBinary(2)})
+    assert mask_width(space) == 6  # the choice's 2, then 2 per light
+    head = make_action_head(space, 3)
+    parts = head.split(head(torch.randn(200, 3), torch.tensor([[0, 1, 1, 0, 1, 1]] * 200)).sample())
+    assert set(parts[0].tolist()) == {1} and set(parts[1][:, 0].tolist()) == {0}
+    assert set(parts[1][:, 1].tolist()) == {0, 1}
 
 
 def test_a_masked_dict_action_draws_legal_parts_and_leaves_the_others_free():
@@ -62,7 +95,7 @@ def test_a_masked_dict_action_draws_legal_parts_and_leaves_the_others_free():
     assert parts["amount"].std() > 0.1  # unmasked: still sampled
     free = head(features).log_prob(actions)
     assert (dist.log_prob(actions) >= free).all()  # the legal values share the illegal ones' mass
-    with pytest.raises(ValueError, match="action_mask needs Discrete or MultiDiscrete"):
+    with pytest.raises(ValueError, match="action_mask needs Discrete, MultiDiscrete or MultiB"):
         PolicyNet(torch.nn.Identity(), make_action_head(gym.spaces.Box(0, 1, (2,)), 4)).head(
             features, mask
         )
@@ -193,6 +226,18 @@ def test_the_policy_learns_the_legal_parts_of_a_dict_action(tmp_path):
     obs, _ = env.reset(seed=7)
     for _ in range(50):
         obs, *_ = env.step(policy.act(obs))  # raises on an illegal part
+
+
+def test_the_policy_learns_the_free_bits_of_a_masked_multibinary_action(tmp_path):
+    """Four switches, each held at a value half the time (the mask gives two entries per
+    switch): a run of 10k env steps never moves a held one, evaluates at 7.0 or more (the best
+    play 8, the free switches at random 6), and its policy keeps to the mask on raw
+    observations."""
+    policy = _trained_on_strict(tmp_path, "make_switches_env", "seed=0", 7.0)
+    env = masked_envs.make_switches_env(strict=True)
+    obs, _ = env.reset(seed=7)
+    for _ in range(50):
+        obs, *_ = env.step(policy.act(obs))  # raises on a held switch moved
 
 
 @pytest.mark.parametrize(

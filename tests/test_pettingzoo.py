@@ -392,6 +392,29 @@ def test_a_random_opponent_keeps_a_dict_action_to_its_masked_parts():
         assert random_legal_move(pair, mask, np.random.default_rng(1)) == (2, 0)
 
 
+def test_a_random_opponent_keeps_each_bit_of_a_multibinary_move_to_its_mask():
+    """Two mask entries per bit (may it be 0, may it be 1): a bit with one legal value always
+    takes it, a free bit takes both; flat, as per-bit pairs, or inside a Dict action alike."""
+    from gymnasium import spaces
+
+    from impala_rl.envs.pettingzoo import random_legal_move
+
+    space = spaces.MultiBinary(3)
+    pairs = [[1, 0], [1, 1], [0, 1]]  # bit 0 must be 0, bit 1 is free, bit 2 must be 1
+    for mask in (np.array(pairs).reshape(-1), pairs):
+        rng = np.random.default_rng(2)
+        moves = np.stack([random_legal_move(space, mask, rng) for _ in range(100)])
+        assert moves.dtype == space.dtype and all(space.contains(m) for m in moves)
+        assert set(moves[:, 0]) == {0} and set(moves[:, 1]) == {0, 1} and set(moves[:, 2]) == {1}
+    switches = spaces.Dict({"choice": spaces.Discrete(2), "lights": space})
+    mask = {"choice": np.array([0, 1]), "lights": np.array(pairs).reshape(-1)}
+    moves = [random_legal_move(switches, mask, np.random.default_rng(s)) for s in range(50)]
+    assert {m["choice"] for m in moves} == {1}
+    assert {(m["lights"][0], m["lights"][2]) for m in moves} == {(0, 1)}
+    with pytest.raises(EnvError, match="allows no value"):
+        random_legal_move(space, [1, 0, 0, 0, 0, 1], np.random.default_rng(0))
+
+
 def test_a_pettingzoo_module_as_env_id_is_played_through_the_aec_adapter():
     """``env.id=pettingzoo.classic.tictactoe_v3``: the module's game as ``make_aec_env`` plays
     it, ``env.kwargs`` its other arguments; the game given twice, or an argument it does not

@@ -287,19 +287,20 @@ class EnvConfig:
     """Entries that replace ``kwargs`` for the evaluation env (e.g. a fixed opponent)."""
     action_mask: bool = True
     """A plain env whose ``Dict`` observation has an ``action_mask`` entry (0/1 per action of
-    a ``Discrete``, or per value of each ``MultiDiscrete`` dimension, concatenated; for a
-    ``Tuple`` or ``Dict`` action, those of its Discrete and MultiDiscrete parts in the space's
-    order, flat or as a ``Tuple``/``Dict`` of the parts' masks): the policy picks legal actions
-    only, as in a structured env (the env is its one-key case, the mask not read as an input).
+    a ``Discrete``, or per value of each ``MultiDiscrete`` dimension, concatenated; two per bit
+    of a ``MultiBinary``, may it be 0 and may it be 1; for a ``Tuple`` or ``Dict`` action,
+    those of its Discrete, MultiDiscrete and MultiBinary parts in the space's order, flat or as
+    a ``Tuple``/``Dict`` of the parts' masks): the policy picks legal actions only, as in a
+    structured env (the env is its one-key case, the mask not read as an input).
     ``false``: the entry is read as any other and nothing is masked (runs saved before this
     setting)."""
     info_action_mask: bool = True
-    """A plain env with ``Discrete`` or ``MultiDiscrete`` actions (or parts) that gives its
-    legal actions beside the observation, as ``info["action_mask"]`` at reset and every step
-    (Gymnasium's Taxi) or as an ``action_masks()`` method (sb3-contrib's MaskablePPO
-    convention), in the layout of ``action_mask``: the policy picks legal actions only,
-    as with an ``action_mask`` entry (the first env built is reset once to look). ``false``:
-    ignored (runs saved before this setting)."""
+    """A plain env with ``Discrete``, ``MultiDiscrete`` or ``MultiBinary`` actions (or parts)
+    that gives its legal actions beside the observation, as ``info["action_mask"]`` at reset
+    and every step (Gymnasium's Taxi) or as an ``action_masks()`` method (sb3-contrib's
+    MaskablePPO convention), in the layout of ``action_mask``: the policy picks legal actions
+    only, as with an ``action_mask`` entry (the first env built is reset once to look).
+    ``false``: ignored (runs saved before this setting)."""
     observation_entries: bool = True
     """A ``Tuple`` observation that holds an image or a text, a ``Text`` observation alone,
     and a Tuple or Dict inside a Dict that holds one, reach the model as a Dict's entries do

@@ -220,9 +220,10 @@ def random_legal_move(space: gymnasium.Space, mask: Any, rng: np.random.Generato
 
     ``mask``: ``None``, or 0/1 per action of a ``Discrete`` or per value of each
     ``MultiDiscrete`` dimension (concatenated, as the policy reads it; a tuple of per-dimension
-    masks is taken too), or for a ``Tuple`` or ``Dict`` one those of its Discrete and
-    MultiDiscrete parts (:func:`~impala_rl.envs.spaces.flat_mask`), each part drawn on its own.
-    Other spaces take no mask: the space's own sampler, seeded from ``rng``.
+    masks is taken too), or two per bit of a ``MultiBinary`` (may it be 0, may it be 1), or for
+    a ``Tuple`` or ``Dict`` one those of its Discrete, MultiDiscrete and MultiBinary parts
+    (:func:`~impala_rl.envs.spaces.flat_mask`), each part drawn on its own. Other spaces, and
+    an unmasked MultiBinary, take the space's own sampler, seeded from ``rng``.
     """
     if isinstance(space, gymnasium.spaces.Discrete):
         n = int(space.n)
@@ -238,6 +239,9 @@ def random_legal_move(space: gymnasium.Space, mask: Any, rng: np.random.Generato
             for _, leaf in space_leaves(space)
         ]
         return assemble_leaves(space, iter(moves))
+    if isinstance(space, gymnasium.spaces.MultiBinary) and mask is not None:
+        two_values = gymnasium.spaces.MultiDiscrete(np.full(space.shape, 2))  # as the mask reads
+        return random_legal_move(two_values, mask, rng).astype(space.dtype)
     if isinstance(space, gymnasium.spaces.MultiDiscrete):
         nvec = np.asarray(space.nvec).reshape(-1)
         if mask is None:

@@ -268,14 +268,17 @@ def assemble_leaves(space: spaces.Space, values: Iterator[Any]) -> Any:
 def mask_layout(space: spaces.Space) -> list[tuple[str, int]]:
     """The parts of ``space`` an ``action_mask`` covers, in order, with their widths: one
     entry per action of a ``Discrete``, one per value of each ``MultiDiscrete`` dimension
-    (concatenated), and of a ``Tuple`` or ``Dict`` action those of its leaves that are either
-    (its ``MultiBinary`` and ``Box`` parts take none)."""
+    (concatenated), two per bit of a ``MultiBinary`` (may it be 0, may it be 1: the bit as a
+    dimension of two values, sb3-contrib's layout), and of a ``Tuple`` or ``Dict`` action
+    those of its leaves that are any of these (its ``Box`` parts take none)."""
     layout = []
     for path, leaf in space_leaves(space):
         if isinstance(leaf, spaces.Discrete):
             layout.append((path, int(leaf.n)))
         elif isinstance(leaf, spaces.MultiDiscrete):
             layout.append((path, int(np.asarray(leaf.nvec).sum())))
+        elif isinstance(leaf, spaces.MultiBinary):
+            layout.append((path, 2 * int(np.prod(leaf.shape, dtype=np.int64))))
     return layout
 
 

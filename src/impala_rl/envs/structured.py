@@ -92,9 +92,10 @@ def is_structured(env: Any) -> bool:
 
 def check_mask_fits(mask_space: spaces.Space, action_space: spaces.Space, where: str) -> None:
     """An :class:`EnvError` unless an ``action_mask`` of ``mask_space`` covers ``action_space``:
-    one entry per action of each of its ``Discrete`` and ``MultiDiscrete`` parts
-    (:func:`~impala_rl.envs.spaces.mask_layout`), flat and concatenated, or a ``Tuple`` of
-    those parts' masks in order, or a ``Dict`` keyed as the action's masked parts."""
+    one entry per action of each of its ``Discrete`` and ``MultiDiscrete`` parts and two per
+    bit of its ``MultiBinary`` ones (:func:`~impala_rl.envs.spaces.mask_layout`), flat and
+    concatenated, or a ``Tuple`` of those parts' masks in order, or a ``Dict`` keyed as the
+    action's masked parts."""
     layout = mask_layout(action_space)
     needs = " + ".join(f"{w} for {p or 'its actions'}" for p, w in layout) or "no mask"
     parts = [(p, int(spaces.flatdim(leaf))) for p, leaf in space_leaves(mask_space)]
@@ -112,7 +113,8 @@ def check_mask_fits(mask_space: spaces.Space, action_space: spaces.Space, where:
         )
         raise EnvError(
             f"{where} has an action_mask of {got}; its action space {action_space} needs "
-            f"{needs} (0/1 per action of its Discrete and MultiDiscrete parts)"
+            f"{needs} (0/1 per action of its Discrete and MultiDiscrete parts, two per bit of "
+            "its MultiBinary parts: may it be 0, may it be 1)"
         )
 
 

@@ -61,8 +61,8 @@ class PolicyNet(nn.Module):
             return head(features)
         if head.mask_width is None:
             raise ValueError(
-                "an action_mask needs Discrete or MultiDiscrete actions (or a Tuple or Dict "
-                f"with such parts), got {head.action_space}"
+                "an action_mask needs Discrete, MultiDiscrete or MultiBinary actions (or a "
+                f"Tuple or Dict with such parts), got {head.action_space}"
             )
         return head(features, action_mask)
 

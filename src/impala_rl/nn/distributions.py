@@ -179,10 +179,32 @@ class MultiCategoricalDistribution(ActionDistribution):
         return torch.stack([c.mode() for c in self.components], dim=-1)
 
 
-class BernoulliDistribution(ActionDistribution):
-    """Independent Bernoullis from ``logits [*batch, n]``; actions ``[*batch, n]`` (0/1)."""
+FORCED_LOGIT = 1.0e4
+"""A masked bit's logit: ``sigmoid`` rounds it to exactly 0 or 1 in every float dtype, and
+unlike the dtype's largest value it stays finite through the loss's arithmetic."""
 
-    def __init__(self, logits: Tensor) -> None:
+
+class BernoulliDistribution(ActionDistribution):
+    """Independent Bernoullis from ``logits [*batch, n]``; actions ``[*batch, n]`` (0/1).
+
+    ``mask [*batch, 2 * n]`` (bool, optional): per bit whether 0 and whether 1 is legal (the
+    bit as a dimension of two values, as :class:`MultiCategoricalDistribution` reads a mask). A
+    bit with one legal value takes it with probability 1 (its logit set to
+    :data:`FORCED_LOGIT` or its negative, so it carries no gradient, no entropy and a log-prob
+    of 0); a bit with both, or neither, is left free.
+    """
+
+    def __init__(self, logits: Tensor, mask: Tensor | None = None) -> None:
+        if mask is not None:
+            mask = mask.to(device=logits.device, dtype=torch.bool)
+            if mask.shape[-1] != 2 * logits.shape[-1]:
+                raise ValueError(
+                    f"action mask trailing dim {mask.shape[-1]} != 2 x {logits.shape[-1]} bits"
+                )
+            pairs = mask.unflatten(-1, (logits.shape[-1], 2))
+            only_zero, only_one = pairs[..., 0] & ~pairs[..., 1], pairs[..., 1] & ~pairs[..., 0]
+            forced = torch.where(only_one, FORCED_LOGIT, -FORCED_LOGIT).to(logits.dtype)
+            logits = torch.where(only_zero | only_one, forced, logits)
         self.logits = logits
 
     @property
@@ -373,8 +395,8 @@ class MultiBinaryHead(ActionHead):
         self.action_dtype = torch.int64
         self.logits = _small_linear(in_features, self.n)
 
-    def forward(self, features: Tensor) -> BernoulliDistribution:
-        return BernoulliDistribution(self.logits(features))
+    def forward(self, features: Tensor, mask: Tensor | None = None) -> BernoulliDistribution:
+        return BernoulliDistribution(self.logits(features), mask)
 
     def to_env(self, actions: Tensor) -> np.ndarray:
         arr = _to_numpy(actions).astype(np.int8)
