@@ -203,8 +203,8 @@ class BernoulliDistribution(ActionDistribution):
                 )
             pairs = mask.unflatten(-1, (logits.shape[-1], 2))
             only_zero, only_one = pairs[..., 0] & ~pairs[..., 1], pairs[..., 1] & ~pairs[..., 0]
-            forced = torch.where(only_one, FORCED_LOGIT, -FORCED_LOGIT).to(logits.dtype)
-            logits = torch.where(only_zero | only_one, forced, logits)
+            logits = logits.masked_fill(only_one, FORCED_LOGIT)
+            logits = logits.masked_fill(only_zero, -FORCED_LOGIT)
         self.logits = logits
 
     @property
