@@ -527,9 +527,9 @@ def measure(
     args: argparse.Namespace, overrides: list[str], bounds: dict[int, dict], run_dir: Path | None
 ) -> dict[str, Any]:
     """(a) (when not measured yet for these envs per actor) to (d) for one set of overrides."""
-    from impala_rl.config import load_config
+    from impala_rl.env_defaults import resolve_config
 
-    cfg = load_config(args.preset, overrides)
+    cfg = resolve_config(args.preset, overrides)  # as `impala train` has it: sized to the box
     bound = _bound_for(args, cfg, bounds)
     rate_a = bound["env_steps_per_s"]
     frames = _frames_per_step(cfg.env)
