@@ -29,10 +29,12 @@
 # 140 s of training each, to fit one device call.
 # With THROUGHPUT=1, instead: benchmarks/gpu_box.py for the sized `pong_appo` (no override: its
 # ratio to the env bound, target 0.8) and, in the same call, the levers on env steps/s, which
-# bound the time to +18 (run 47: 12-13k env steps/s where the sized update allows ~39k, ~19k
-# needed for 90 s): a third inference server, 12 actors (the servers and the learner get cores
-# of their own) and 24 (more envs stepping while others wait for answers), the batch kept at 4
-# unrolls (the sizing would scale it with the actors); 40 s of training each.
+# bound the time to +18 (~19k needed for 90 s). Run 51 found the sized run learner-bound (the
+# learner 78-97% of an update, twice the update's time alone, 16 actors and 2 servers beside
+# it on 16 cores; a third server slower), so the levers give the learner room with the sized
+# update kept (given a batch, the sizing keeps the preset's minibatches, publishes and epoch,
+# so the sized values are written out): 12 and 14 actors, and the weights published once a
+# pass (every 16th step: 3 publishes a batch instead of 12); 40 s of training each.
 # Then, if one lever stepped >= 5% faster, seeds 1 and 2 under it for ~95 s each, with the same
 # report as the default call's (seconds from the command's start to -15, 0, +15, +18).
 # With BREAKOUT=1, instead: `benchmarks/learning.py atari --seeds 1` (Breakout, 10M env steps,
@@ -114,9 +116,9 @@ PY
     exit 0
 fi
 if [ "${THROUGHPUT:-0}" = 1 ]; then
-    secs=40 env_s=8 procs=() vs=(--vs 'runner.inference=central runner.inference_servers=3'
-        --vs 'algorithm.num_actors=12 algorithm.actors_batch_size=4'
-        --vs 'algorithm.num_actors=24 algorithm.actors_batch_size=4')
+    sized='algorithm.actors_batch_size=4 algorithm.num_minibatches=16 algorithm.broadcast_every=4'
+    secs=40 env_s=8 procs=() vs=(--vs "algorithm.num_actors=12 $sized"
+        --vs "algorithm.num_actors=14 $sized" --vs 'algorithm.broadcast_every=16')
     if [ "${DRY:-0}" = 1 ]; then
         secs=15 env_s=3 procs=(--procs 2) vs=(--vs 'algorithm.num_actors=1')
     fi
@@ -138,7 +140,7 @@ PY
         echo "seeds 1 and 2 under the fastest lever: $best"
         [ "${DRY:-0}" = 1 ] || WALL=95
         # shellcheck disable=SC2086  # the lever's overrides, one word each
-        for seed in 1 2; do train pong_appo-lever-seed$seed $seed $best; done
+        for seed in 1 2; do train pong_appo-lever-seed$seed $seed algorithm.epoch_length=25 $best; done
     else
         echo "no lever stepped >= 5% faster than the sizing: no seeds trained"
     fi
