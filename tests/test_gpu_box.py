@@ -1,4 +1,5 @@
-"""benchmarks/gpu_box.py's pure parts: its arguments and the servers' figures it reads."""
+"""benchmarks/gpu_box.py's pure parts (its arguments, the servers' figures it reads) and the
+overrides scripts/gpu_session.sh sends to the device."""
 
 from __future__ import annotations
 
@@ -46,3 +47,36 @@ def test_several_servers_figures_are_summed_weighted_by_their_batches():
     assert figures["ms_per_batch"] == pytest.approx((300 * 1 + 100 * 3) / 400)
     assert figures["busy_percent"] == 70 and figures["loading_weights_percent"] == 5
     assert gpu_box.server_figures("no server here") is None
+
+
+def _session_overrides() -> list[list[str]]:
+    """Every set of overrides ``scripts/gpu_session.sh`` trains ``pong_appo`` with on the
+    device: its ``--vs`` strings (``$sized`` expanded) and its ``train NAME SEED ...`` lines."""
+    import re
+    import shlex
+
+    text = (Path(__file__).parents[1] / "scripts" / "gpu_session.sh").read_text()
+    sized = re.search(r"^\s*sized='([^']*)'", text, re.M)
+    found = []
+    for quoted in re.findall(r"--vs ('[^']*'|\"[^\"]*\")", text):
+        words = quoted[1:-1].replace("$sized", sized.group(1) if sized else "")
+        found.append(words.split())
+    for line in re.findall(r"^\s*train pong_appo-\S+ \d+ ([^#\n]*)", text, re.M):
+        found.append(shlex.split(line))
+    return found
+
+
+def test_the_device_scripts_overrides_pass_the_config_on_a_sized_gpu_box(monkeypatch):
+    """Device time is scarce: a lever the config refuses (an override that needs another the
+    sizing would give, say) must fail here, not on the GPU box. Each is resolved as
+    ``impala train pong_appo`` resolves it, sized to a 16-core H200 box."""
+    from impala_rl import sizing
+    from impala_rl.env_defaults import resolve_config
+
+    overrides = _session_overrides()
+    assert len(overrides) >= 6  # the THROUGHPUT levers, LEVERS' runs, the DRY variant
+    monkeypatch.setattr(sizing, "detect_machine", lambda: sizing.Machine(16, "NVIDIA H200"))
+    for extra in overrides:
+        assert all("=" in word for word in extra), extra
+        cfg = resolve_config("pong_appo", extra)
+        assert cfg.algorithm.device == "cuda"
