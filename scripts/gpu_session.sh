@@ -33,8 +33,11 @@
 # learner 78-97% of an update, twice the update's time alone, 16 actors and 2 servers beside
 # it on 16 cores; a third server slower), so the levers give the learner room with the sized
 # update kept (given a batch, the sizing keeps the preset's minibatches, publishes and epoch,
-# so the sized values are written out): 12 and 14 actors, and the weights published once a
-# pass (every 16th step: 3 publishes a batch instead of 12); 40 s of training each.
+# so the sized values are written out): 12 actors (4 cores freed), one inference server (the
+# servers' ~800 small batches a second share the GPU with the learner's replays, as processes
+# of their own, so time-sliced), and the weights published once a pass (every 16th step: 3
+# publishes a batch instead of 12, the servers loading weights 18-22% of their time); 40 s of
+# training each.
 # Then, if one lever stepped >= 5% faster, seeds 1 and 2 under it for ~95 s each, with the same
 # report as the default call's (seconds from the command's start to -15, 0, +15, +18).
 # With BREAKOUT=1, instead: `benchmarks/learning.py atari --seeds 1` (Breakout, 10M env steps,
@@ -118,7 +121,7 @@ fi
 if [ "${THROUGHPUT:-0}" = 1 ]; then
     sized='algorithm.actors_batch_size=4 algorithm.num_minibatches=16 algorithm.broadcast_every=4'
     secs=40 env_s=8 procs=() vs=(--vs "algorithm.num_actors=12 $sized"
-        --vs "algorithm.num_actors=14 $sized" --vs 'algorithm.broadcast_every=16')
+        --vs 'runner.inference_servers=1' --vs 'algorithm.broadcast_every=16')
     if [ "${DRY:-0}" = 1 ]; then
         secs=15 env_s=3 procs=(--procs 2) vs=(--vs 'algorithm.num_actors=1')
     fi
