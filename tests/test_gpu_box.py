@@ -3,6 +3,8 @@ overrides scripts/gpu_session.sh sends to the device."""
 
 from __future__ import annotations
 
+import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -52,9 +54,6 @@ def test_several_servers_figures_are_summed_weighted_by_their_batches():
 def _session_overrides() -> list[list[str]]:
     """Every set of overrides ``scripts/gpu_session.sh`` trains ``pong_appo`` with on the
     device: its ``--vs`` strings (``$sized`` expanded) and its ``train NAME SEED ...`` lines."""
-    import re
-    import shlex
-
     text = (Path(__file__).parents[1] / "scripts" / "gpu_session.sh").read_text()
     sized = re.search(r"^\s*sized='([^']*)'", text, re.M)
     found = []
