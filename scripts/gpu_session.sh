@@ -5,7 +5,7 @@
 #     bash scripts/gpu_session.sh            # <= 570 s: breakdown, batch_update, 2 seeds, splits
 #     LEVERS=1 bash scripts/gpu_session.sh   # ~500 s: seed 1 under each sample-efficiency lever
 #     BREAKOUT=1 bash scripts/gpu_session.sh # ~540 s: the `atari` preset's Breakout, resumable
-#     THROUGHPUT=1 bash scripts/gpu_session.sh  # <= 570 s: gpu_box.py, 3 levers, 2 seeds of the best
+#     THROUGHPUT=1 bash scripts/gpu_session.sh  # <= 570 s: gpu_box.py, levers, MPS, 2 seeds of the best
 #
 # 0. tests/test_update_graph.py on the GPU: the captured update (its optimizer step in the
 #    graph) against the eager one;
@@ -31,13 +31,12 @@
 # ratio to the env bound, target 0.8) and, in the same call, the levers on env steps/s, which
 # bound the time to +18 (~19k needed for 90 s). Run 51 found the sized run learner-bound (the
 # learner 78-97% of an update, twice the update's time alone, 16 actors and 2 servers beside
-# it on 16 cores; a third server slower), so the levers give the learner room with the sized
-# update kept (given a batch, the sizing keeps the preset's minibatches, publishes and epoch,
-# so the sized values are written out): 12 actors (4 cores freed), one inference server (the
-# servers' ~800 small batches a second share the GPU with the learner's replays, as processes
-# of their own, so time-sliced), and the weights published once a pass (every 16th step: 3
-# publishes a batch instead of 12, the servers loading weights 18-22% of their time); 40 s of
-# training each.
+# it on 16 cores; a third server slower). Run 52 found the GPU shared between processes the
+# bound, not the cores: 12 actors no faster, one inference server +14% (its ~800 small batches
+# a second time-slice the GPU with the learner's replays), the weights published once a pass
+# (every 16th step: 3 publishes a batch instead of 12; servers loading weights 16% -> 4%) +18%.
+# So the levers are the two together, and with the weights published once a batch (every 48th
+# step, the lag a batch's worth of steps); 40 s of training each.
 # Then, if one lever stepped >= 5% faster, seeds 1 and 2 under it for ~95 s each, with the same
 # report as the default call's (seconds from the command's start to -15, 0, +15, +18).
 # With BREAKOUT=1, instead: `benchmarks/learning.py atari --seeds 1` (Breakout, 10M env steps,
@@ -120,27 +119,60 @@ PY
 fi
 if [ "${THROUGHPUT:-0}" = 1 ]; then
     sized='algorithm.actors_batch_size=4 algorithm.num_minibatches=16 algorithm.broadcast_every=4'
-    secs=40 env_s=8 procs=() vs=(--vs "algorithm.num_actors=12 $sized"
-        --vs 'runner.inference_servers=1' --vs 'algorithm.broadcast_every=16')
+    secs=40 env_s=8 procs=() vs=(--vs 'runner.inference_servers=1 algorithm.broadcast_every=16'
+        --vs 'runner.inference_servers=1 algorithm.broadcast_every=48')
     if [ "${DRY:-0}" = 1 ]; then
         secs=15 env_s=3 procs=(--procs 2) vs=(--vs 'algorithm.num_actors=1')
     fi
     timeout $((BUDGET_S - (SECONDS - START_S) - 10)) "$PY" benchmarks/gpu_box.py "${procs[@]}" \
         --env-seconds $env_s --train-seconds $secs --out "$OUT/gpu_box.json" pong_appo "${vs[@]}" \
         2>&1 | grep -v "A.L.E\|Stella"
-    # then, in the budget's rest, seeds 1 and 2 to +18 under the fastest lever, if one stepped
-    # >= 5% faster than the sizing (DRY: always, to test the path): ~95 s of training each
-    best=$("$PY" - "$OUT/gpu_box.json" "${DRY:-0}" <<'PY'
+    # then the sizing and the first lever again under CUDA's Multi-Process Service, where the
+    # box has it: the learner's and the servers' kernels run on the GPU side by side instead of
+    # their processes' contexts taking turns (no code change; every CUDA process started after
+    # the daemon, with its pipe directory in the environment, is its client)
+    outs=("$OUT/gpu_box.json")
+    mps=$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control \
+        2> /dev/null)
+    if [ -n "$mps" ] && [ "${DRY:-0}" != 1 ]; then
+        export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        if "$mps" -d; then
+            trap 'echo quit | "$mps"' EXIT
+            timeout $((BUDGET_S - (SECONDS - START_S) - 10)) "$PY" benchmarks/gpu_box.py \
+                --env-seconds 4 --train-seconds $secs --out "$OUT/gpu_box_mps.json" pong_appo \
+                --vs 'runner.inference_servers=1 algorithm.broadcast_every=16' 2>&1 |
+                grep -v "A.L.E\|Stella"
+            echo "MPS servers: $(echo get_server_list | "$mps")"
+            tail -3 "$CUDA_MPS_LOG_DIRECTORY/control.log"
+            outs+=("$OUT/gpu_box_mps.json")
+        else
+            echo "MPS: the daemon did not start"
+        fi
+    else
+        echo "MPS: nvidia-cuda-mps-control is not on this machine"
+    fi
+    # then, in the budget's rest, seeds 1 and 2 to +18 under the fastest lever (MPS one too),
+    # if one stepped >= 5% faster than the sizing (DRY: always, to test the path): ~95 s each
+    pick=$("$PY" - "${DRY:-0}" "${outs[@]}" <<'PY'
 import json, sys
-r = json.load(open(sys.argv[1]))
-rate = r["training_env_steps_per_s"] or 0
-best = max(r["variants"], key=lambda v: v["training_env_steps_per_s"] or 0, default=None)
-if best and ((best["training_env_steps_per_s"] or 0) >= 1.05 * rate or sys.argv[2] == "1"):
-    print(best["vs"])
+runs = [(json.load(open(path)), path.endswith("_mps.json")) for path in sys.argv[2:]]
+base = runs[0][0]["training_env_steps_per_s"] or 0
+found = [(v["training_env_steps_per_s"] or 0, mps, v["vs"]) for r, mps in runs for v in r["variants"]]
+found += [(r["training_env_steps_per_s"] or 0, mps, "") for r, mps in runs if mps]
+rate, mps, vs = max(found, key=lambda f: f[0], default=(0, False, ""))
+if found and (rate >= 1.05 * base or sys.argv[1] == "1"):
+    print("mps" if mps else "plain", vs)
 PY
 )
-    if [ -n "$best" ]; then
-        echo "seeds 1 and 2 under the fastest lever: $best"
+    if [ -n "$pick" ]; then
+        where=${pick%% *} best=${pick#* }
+        if [ "$where" != mps ] && [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
+            echo quit | "$mps"
+            trap - EXIT
+            unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+        fi
+        echo "seeds 1 and 2 under the fastest lever ($where): ${best:-the sizing}"
         [ "${DRY:-0}" = 1 ] || WALL=95
         # shellcheck disable=SC2086  # the lever's overrides, one word each
         for seed in 1 2; do train pong_appo-lever-seed$seed $seed algorithm.epoch_length=25 $best; done
