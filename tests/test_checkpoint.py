@@ -173,6 +173,34 @@ def test_failed_save_keeps_the_previous_file_and_leaves_no_temp_files(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
 
 
+def test_an_interruption_just_after_the_temp_file_is_created_removes_it(tmp_path, monkeypatch):
+    """A second Ctrl-C can land between the file's creation and the code that holds its name;
+    the name is known before the file exists, so it is removed all the same."""
+    path = tmp_path / "last.pt"
+    save_atomic(sample_checkpoint(), path)
+    old_bytes = path.read_bytes()
+
+    def created_then_interrupted(file, mode, *args, **kwargs):
+        open(file, mode, *args, **kwargs).close()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "open", created_then_interrupted, raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        save_atomic({**sample_checkpoint(), "num_updates": 99}, path)
+    monkeypatch.undo()
+    assert path.read_bytes() == old_bytes
+    assert temp_files(tmp_path) == []
+
+
+def test_remove_temporaries_clears_a_killed_writes_files_and_nothing_else(tmp_path):
+    save_atomic(sample_checkpoint(), tmp_path / "last.pt")
+    (tmp_path / ".last.pt.123.abc.tmp").write_bytes(b"half")
+    (tmp_path / "notes.tmp").write_text("the user's")
+    assert checkpoint.remove_temporaries(tmp_path) == [".last.pt.123.abc.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "notes.tmp"]
+    assert checkpoint.remove_temporaries(tmp_path / "missing") == []
+
+
 def _draw() -> tuple:
     return (
         [random.random() for _ in range(3)],

@@ -281,6 +281,15 @@ def test_a_second_signal_ends_a_run_whose_main_thread_waits_in_a_collective(tmp_
 # -- resume ---------------------------------------------------------------------------------------
 
 
+def test_resume_removes_the_temp_file_of_a_write_that_a_hard_kill_cut(tmp_path):
+    _train(tmp_path, "algorithm.epoch_length=1", "algorithm.n_epochs=1", "target_return=null")
+    stale = tmp_path / "checkpoints" / ".last.pt.4242.0123456789ab.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    _resume(tmp_path, "algorithm.n_epochs=2")
+    assert checkpoint.load(tmp_path / "checkpoints" / "last.pt")["counters"]["epoch"] == 2
+    assert not stale.exists()
+
+
 def test_resume_keeps_the_best_return_of_best_pt_when_last_pt_is_older(tmp_path, monkeypatch):
     """A hard kill can leave last.pt older than best.pt (best is written first, and last only
     every ``checkpoint_every_epochs``). The resumed run must still have to beat best.pt's return.

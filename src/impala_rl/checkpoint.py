@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 CHECKPOINT_FORMAT = 1
+TEMP_SUFFIX = ".tmp"  # a write in progress: .<name>.<pid>.<random>.tmp beside <name>
 
 
 class CheckpointError(RuntimeError):
@@ -26,24 +27,39 @@ class CheckpointError(RuntimeError):
 
 
 def save_atomic(obj: dict[str, Any], path: str | Path) -> None:
-    """Write ``obj`` to ``path`` atomically (temp file, fsync, rename)."""
+    """Write ``obj`` to ``path`` atomically (temp file, fsync, rename).
+
+    The temp file's name is chosen before the file exists, so an interruption anywhere (a
+    Ctrl-C landing just after the file is created) removes it; a hard kill can leave one,
+    which :func:`remove_temporaries` clears when the run starts again.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "xb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def remove_temporaries(directory: str | Path) -> list[str]:
+    """Remove the temp files that a killed write left in ``directory``; returns their names.
+    Only for a directory that nothing writes to meanwhile (a run's, under its lock)."""
+    removed = []
+    for stale in Path(directory).glob(f".*{TEMP_SUFFIX}"):
+        stale.unlink(missing_ok=True)
+        removed.append(stale.name)
+    return sorted(removed)
 
 
 def load(path: str | Path) -> dict[str, Any]:

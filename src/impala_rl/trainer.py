@@ -158,6 +158,8 @@ class Trainer:
         if not self.resume:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = lock_run_dir(self.run_dir)
+        if stale := checkpoint.remove_temporaries(self.checkpoint_dir):  # a killed write's
+            log.info("removed unfinished checkpoint writes: %s", ", ".join(stale))
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.recorder = EventRecorder()
         self.impala_events = self.recorder.interface(ImpalaEvents)
