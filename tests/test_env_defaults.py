@@ -246,7 +246,7 @@ def test_a_cnn_learner_gets_the_idle_core(monkeypatch, caplog):
     MLP's keeps one, a one-core machine one, actors in processes leave it the preset's one, and
     an explicit setting wins."""
     catch = "env.id=impala_rl.envs.samples:Catch"
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("impala_rl.env_defaults.available_cores", lambda: 2)
     with caplog.at_level(logging.INFO, logger="impala_rl.env_defaults"):
         assert resolve_config(None, [catch]).runner.learner_threads == 2
     assert "sequential backend, 2 learner threads for the CNN" in caplog.text
@@ -256,7 +256,7 @@ def test_a_cnn_learner_gets_the_idle_core(monkeypatch, caplog):
     assert given.runner.learner_threads == 1
     in_processes = resolve_config(None, [catch, "runner.backend=subprocess"])  # cores taken
     assert in_processes.runner.learner_threads == 1
-    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    monkeypatch.setattr("impala_rl.env_defaults.available_cores", lambda: 1)
     assert resolve_config(None, [catch]).runner.learner_threads == 1
     frames = spaces.Box(0, 255, (3, 40, 40), np.uint8)
     assert has_image(_env_with(spaces.Dict({"frame": frames, "speed": spaces.Discrete(3)}), None))

@@ -36,7 +36,10 @@ def _trained(tmp_path, *overrides: str) -> tuple[Policy, dict]:
     """A quiet run of ``overrides`` to its env-step budget; its saved policy."""
     run_dir = tmp_path / "run"
     quiet = ["log.console=false", "log.tensorboard=false"]
-    summary = impala_rl.train(None, [*overrides, *quiet], run_dir=run_dir)
+    # One learner thread: a CNN's second waits for the core another test worker holds at
+    # every op (the large image's run: 81 s against 20 s in the suite).
+    one_thread = ["runner.learner_threads=1"]
+    summary = impala_rl.train(None, [*one_thread, *overrides, *quiet], run_dir=run_dir)
     assert summary["stopped_because"] == "max_env_steps", summary
     return impala_rl.load_policy(run_dir), summary
 

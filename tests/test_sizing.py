@@ -3,6 +3,9 @@ override wins, that 2 cores keep the preset, and that a resume keeps the sizes."
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 import impala_rl
@@ -203,3 +206,19 @@ def test_the_sizing_is_recorded_and_a_resume_keeps_it(tmp_path, monkeypatch):
     assert summary["epochs"] == 2 and summary["stopped_because"] == "n_epochs"
     assert (resumed.algorithm.num_actors, resumed.algorithm.actors_batch_size) == (3, 3)
     assert resumed.runner.sized_for == "6 cores, no GPU"
+
+
+def test_the_cores_a_run_counts_are_those_its_affinity_allows():
+    """Under ``taskset`` (or a test worker's share) a run sizes and threads itself for the
+    cores it may use, not for every core of the machine."""
+    code = (
+        "import os; from impala_rl import sizing, startup; from impala_rl.config import "
+        "load_config; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "cfg = load_config('cartpole', ['runner.backend=sequential', "
+        "'runner.learner_threads=null']); "
+        "print(sizing.detect_machine().cores, startup.learner_threads(cfg))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.split() == ["1", "1"]

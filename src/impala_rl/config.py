@@ -474,8 +474,9 @@ class RunnerConfig:
     up to this many times in a run, then training stops with an error. One that dies again
     before it came up is restarted after a back-off (0.5 s, doubling, at most 30 s)."""
     learner_threads: int | None = None
-    """Torch intra-op threads of the learner process (``null``: the cores not used by actor
-    processes, at least 1). Small models learn fastest with 1."""
+    """Torch intra-op threads of the learner process (``null``: the cores this process may
+    use, as ``taskset`` allows, less those of actor processes, at least 1). Small models learn
+    fastest with 1."""
     keep_freed_memory: bool = True
     """Learner process on Linux/glibc: serve allocations up to 32 MB from the heap and keep
     freed memory instead of returning it to the OS, so each update does not page-fault its

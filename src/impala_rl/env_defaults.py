@@ -39,7 +39,6 @@ With neither a preset nor ``env.id`` the ``cartpole`` preset runs (CartPole-v1, 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -63,6 +62,7 @@ from impala_rl.config import (
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.atari import AtariSettings, is_ale_id, sticky_actions
 from impala_rl.envs.structured import KeyObservation, MaskedActionsEnv, is_structured
+from impala_rl.machine import available_cores
 from impala_rl.nn.encoders import (
     IMAGE_ENCODERS,
     encoder_for,
@@ -338,9 +338,7 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
                 f"algorithm.num_minibatches={minibatches}",
             ]
         if cnn_threads:
-            derived.append(
-                f"runner.learner_threads={min(CNN_LEARNER_THREADS, os.cpu_count() or 1)}"
-            )
+            derived.append(f"runner.learner_threads={min(CNN_LEARNER_THREADS, available_cores())}")
     note = ""
     budget = probe_cfg.max_env_steps  # None unless an override gives it (no preset under it)
     if preset in SHORT_BUDGET_PRESETS and budget is not None and budget <= SHORT_BUDGET:

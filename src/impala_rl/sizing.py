@@ -36,10 +36,10 @@ sized values): a resume runs it as it was, on any machine.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 from impala_rl.config import ImpalaAlgorithmConfig, RunConfig, load_config, to_dict
+from impala_rl.machine import available_cores
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,7 @@ class Machine:
 
 def detect_machine() -> Machine:
     """This process's machine."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
+    cores = available_cores()
     gpu = None
     try:
         import torch

@@ -7,7 +7,6 @@ The leader and every further learner start this way; ``Trainer`` then only runs 
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 
 from impala_rl.config import ConfigError, RunConfig
 from impala_rl.envs import EnvFactory, make_env_factory
+from impala_rl.machine import available_cores
 from impala_rl.malloc import keep_freed_memory
 from impala_rl.nn import Model
 from impala_rl.nn.factory import build_model_for_env
@@ -50,7 +50,7 @@ def learner_threads(cfg: RunConfig) -> int:
     """Intra-op threads for the learner: as configured, else the cores actors leave free."""
     if cfg.runner.learner_threads is not None:
         return cfg.runner.learner_threads
-    cores = os.cpu_count() or 1
+    cores = available_cores()
     local_ray = cfg.runner.backend == "ray" and cfg.runner.ray_address is None
     learners = cfg.algorithm.num_learners  # several learners on one machine share the cores
     if cfg.runner.backend == "subprocess" or local_ray:  # actor processes share these cores
