@@ -1,5 +1,5 @@
-"""What this process may run on: the cores its affinity allows (``taskset``, a cpuset, a test
-worker pinned to its share), not every core of the machine."""
+"""What this process may run on: the cores its affinity allows (``taskset``, a container's
+cpuset), not every core of the machine."""
 
 from __future__ import annotations
 
