@@ -114,6 +114,33 @@ def test_without_ray_the_cli_says_how_to_install_it(tmp_path):
     assert "pip install 'impala-rl[ray]'" in lines[-1]
 
 
+class _RecordingRay:
+    """Stands in for the ``ray`` module: records ``ray.init``'s arguments, starts nothing."""
+
+    def __init__(self):
+        self.init_kwargs: dict = {}
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **kwargs):
+        self.init_kwargs = kwargs
+
+
+@pytest.mark.parametrize(("cores", "advertised"), [(6, 6), (1, 4)])
+def test_a_local_ray_is_told_of_the_cores_the_run_may_use(monkeypatch, cores, advertised):
+    """A local Ray gets the cores this process's affinity allows (a container's cpuset, not
+    the host's count: Ray starts a worker per CPU it is told of), or what the actors ask for
+    where that is more: here 8 actors of 0.5 CPU each, 4 CPUs."""
+    monkeypatch.setattr(ray_backend, "available_cores", lambda: cores)
+    monkeypatch.setattr(ray_backend, "start_watchdog", lambda: None)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    actors = make_actors("ray", num_actors=8, actors_batch_size=8)
+    actors.ray = _RecordingRay()
+    actors._prepare()
+    assert actors.ray.init_kwargs["num_cpus"] == advertised
+
+
 # ---------------------------------------------------------------------------------------------
 # Batches, versions, the bounded queue
 # ---------------------------------------------------------------------------------------------

@@ -60,6 +60,7 @@ from impala_rl.actors.supervisor import (
     ActorSupervisor,
 )
 from impala_rl.config import ConfigError
+from impala_rl.machine import available_cores
 from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, rollout_spec_for
 
 INSTALL_HINT = "pip install 'impala-rl[ray]'"
@@ -197,9 +198,10 @@ class RayDistributedActors(ActorSupervisor[_Actor, dict[str, np.ndarray]]):
         }
         if self.address is None:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            # One machine: advertise what the actors ask for, so that all of them fit.
+            # One machine: the cores this run may use (Ray starts a worker per CPU it is
+            # told of), or what the actors ask for where that is more, so that all of them fit.
             kwargs.update(
-                num_cpus=max(os.cpu_count() or 1, math.ceil(n * self.num_cpus + learner_cpus)),
+                num_cpus=max(available_cores(), math.ceil(n * self.num_cpus + learner_cpus)),
                 resources={k: v * n for k, v in self.resources.items()},
                 _node_ip_address="127.0.0.1",
             )

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from impala_rl.config import ConfigError
+from impala_rl.machine import available_cores
 from impala_rl.rundir import lock_run_dir
 from impala_rl.tune.runs import TrainingRun, finite, is_statistic, statistic_names
 from impala_rl.tune.space import Param, overrides_of, parse_space
@@ -235,7 +236,7 @@ class Study:
             if self.ray_address is None:  # a Ray of this machine, for this study
                 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
                 kwargs.update(
-                    num_cpus=max(self.s.jobs, os.cpu_count() or 1),
+                    num_cpus=max(self.s.jobs, available_cores()),
                     include_dashboard=False,
                     _node_ip_address="127.0.0.1",
                 )
