@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from impala_rl.machine import set_omp_spin_count
+
+# The learners of the tests' in-process runs wait as `impala train`'s do (set before torch is
+# loaded): two test workers share the cores, where libgomp's long spin holds one the other needs.
+set_omp_spin_count()
+
 LONG_FIRST = (
     "test_families.py",  # LunarLander ~5 min, Pendulum ~2 min on 2 busy cores
     "test_learners.py",

@@ -25,6 +25,9 @@ def train(
     ``env``: the ``env.id`` itself, an id or a class or function returning a
     ``gymnasium.Env`` (``train(env=MyEnv)``; one defined in a notebook too), its arguments
     ``env.kwargs.*`` in ``overrides``."""
+    from impala_rl.machine import set_omp_spin_count
+
+    set_omp_spin_count()  # before torch is loaded, where it is not yet
     from impala_rl.config import RunConfig, load_config, to_dict
     from impala_rl.distributed import check_not_importing_main
     from impala_rl.env_defaults import resolve_config

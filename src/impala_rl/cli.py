@@ -301,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         NotImplementedError,
     )
     if args.command != "plot":  # plot reads metrics.jsonl only: no torch, no envs
+        from impala_rl.machine import set_omp_spin_count
+
+        set_omp_spin_count()  # before torch is loaded (impala_rl.checkpoint loads it)
         from impala_rl.checkpoint import CheckpointError
         from impala_rl.envs import EnvError
 
