@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from impala_rl.machine import available_cores
+from impala_rl.machine import OMP_WAIT_SETTINGS, available_cores
 
 HERE = Path(__file__).resolve().parent
 PER_BATCH = re.compile(r": ([0-9.]+) ms per batch")
@@ -40,7 +40,7 @@ def spinner() -> subprocess.Popen:
 def batch_ms(workload: str, setting: str, repeats: int) -> float:
     """The median ms per batch of ``batch_update.py workload`` in a new process whose
     environment has ``setting`` (``KEY=VALUE``; ``default``: none)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items() if k not in OMP_WAIT_SETTINGS}
     if setting != "default":
         key, value = setting.split("=", 1)
         env[key] = value

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from impala_rl.machine import OMP_SPIN_COUNT, set_omp_spin_count
+from impala_rl.machine import OMP_SPIN_COUNT, OMP_WAIT_SETTINGS, set_omp_spin_count
 
 SPIN_AT_TORCH_IMPORT = """
 import importlib.abc, os, sys
@@ -38,7 +38,7 @@ def test_torch_is_loaded_with_a_short_openmp_spin(call):
     """The CLI and ``train()`` set libgomp's spin count before torch is loaded (it is read
     then): a learner's idle threads stop holding cores other processes want."""
     code = SPIN_AT_TORCH_IMPORT.format(call=call)
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env = {k: v for k, v in os.environ.items() if k not in OMP_WAIT_SETTINGS}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
     )

@@ -15,6 +15,8 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+OMP_WAIT_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+"""The environment variables that tell libgomp how its idle threads wait."""
 OMP_SPIN_COUNT = 30_000
 """Rounds an idle OpenMP thread of torch's spins before it sleeps (libgomp's default: 300,000).
 Where other processes want the cores (the actors, a second run) a spinning learner thread holds
@@ -26,6 +28,6 @@ def set_omp_spin_count() -> None:
     """Give torch's OpenMP threads :data:`OMP_SPIN_COUNT` unless the user set how they wait.
     libgomp reads it once, when torch is loaded: a process that imported torch already keeps
     what it had."""
-    if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ:
+    if "torch" in sys.modules or any(key in os.environ for key in OMP_WAIT_SETTINGS):
         return
-    os.environ.setdefault("GOMP_SPINCOUNT", str(OMP_SPIN_COUNT))
+    os.environ["GOMP_SPINCOUNT"] = str(OMP_SPIN_COUNT)
