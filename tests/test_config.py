@@ -348,6 +348,37 @@ def test_config_from_dict_validates():
         config_from_dict(data)
 
 
+@pytest.mark.parametrize(
+    "learners, actors, envs",
+    [(2, 2, 4), (4, 4, 2), (3, 3, 8)],  # 8 envs shared where they divide, else 8 each
+)
+def test_a_presets_actors_are_shared_among_learners_that_do_not_divide_them(learners, actors, envs):
+    """``any_env``'s one actor of 8 envs: each learner gets actors of its own, stepping the
+    preset's envs between them where they divide."""
+    one = load_config("any_env").algorithm
+    a = load_config("any_env", [f"algorithm.num_learners={learners}"]).algorithm
+    assert (one.num_actors, one.envs_per_actor) == (1, 8)
+    assert (a.num_actors, a.envs_per_actor) == (actors, envs)
+    assert a.actors_batch_size == one.actors_batch_size
+    if actors * envs == 8:  # an optimizer step on the preset's env steps
+        step = learners * a.actors_batch_size * a.envs_per_actor * a.n_rollout_steps
+        assert step == one.actors_batch_size * one.envs_per_actor * one.n_rollout_steps
+
+
+def test_a_saved_configs_actor_count_is_kept_as_given():
+    """A resumed run's config holds its own actors: refused, not reshaped under it."""
+    saved = to_dict(load_config("any_env"))
+    with pytest.raises(ConfigError, match="'algorithm.num_learners'"):
+        load_config(base=saved, overrides=["algorithm.num_learners=2"])
+
+
+def test_a_given_envs_per_actor_is_kept_when_actors_are_shared(caplog):
+    with caplog.at_level("INFO", logger="impala_rl.config"):
+        a = load_config("any_env", ["algorithm.num_learners=2", "algorithm.envs_per_actor=8"])
+    assert (a.algorithm.num_actors, a.algorithm.envs_per_actor) == (2, 8)
+    assert "algorithm.num_learners=2: 2 actors x 8 envs, 1 a learner" in caplog.text
+
+
 def test_base_plus_overrides():
     base = to_dict(load_config("cartpole"))
     cfg = load_config(base=base, overrides=["algorithm.lr=0.01"])

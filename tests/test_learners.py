@@ -115,9 +115,9 @@ def test_two_learners_take_one_learners_step_on_the_concatenated_batches(tmp_pat
     assert int(leader["obs_norms.0.count"]) == 2 * UPDATES * T * ENVS
 
 
-def test_num_learners_must_divide_num_actors():
-    with pytest.raises(ConfigError, match="algorithm.num_learners"):
-        load_config("cartpole", ["algorithm.num_learners=3"])  # 4 actors
+def test_num_learners_must_divide_a_given_num_actors():
+    with pytest.raises(ConfigError, match="'algorithm.num_learners'.*a divisor of"):
+        load_config("cartpole", ["algorithm.num_actors=4", "algorithm.num_learners=3"])
 
 
 # -- whole runs ----------------------------------------------------------------------------------

@@ -181,7 +181,8 @@ class ImpalaAlgorithmConfig:
     """Rollouts (one per actor unroll) gathered into one learner batch."""
     num_actors: int = 2
     """Actors, each stepping a vector env of ``envs_per_actor`` environments (in all: with
-    ``num_learners`` > 1 each learner gets ``num_actors / num_learners`` of them)."""
+    ``num_learners`` > 1 each learner gets ``num_actors / num_learners`` of them; a preset's
+    count that the learners do not divide is raised to a multiple, its envs shared out)."""
     num_learners: int = 1
     """Data-parallel learner processes (rllte's and RLlib's name). Each takes batches of
     ``actors_batch_size`` unrolls from its own actors; gradients are averaged before every
@@ -668,12 +669,49 @@ def load_config(
     sizing makes inference central).
     """
     cfg = merge_config(preset, overrides, base)
+    given = _given_keys(preset, overrides, base)
+    share_actors_among_learners(cfg, given)
     if sizing_follows and cfg.runner.size_to_machine and cfg.runner.sized_for is None:
         check_rules(cfg)
     else:
         validate(cfg)
-    _warn_inert(cfg, _given_keys(preset, overrides, base))
+    _warn_inert(cfg, given)
     return cfg
+
+
+def share_actors_among_learners(cfg: RunConfig, given: set[str]) -> None:
+    """A preset's actors made a multiple of ``algorithm.num_learners`` where they are not and
+    the user gave no ``algorithm.num_actors``: each learner takes as many actors, which step the
+    preset's envs between them where they divide (``any_env``'s one actor of 8 envs is 2 actors
+    of 4 for 2 learners, a step on the same 1,024 env steps). A given actor count is refused
+    as it is, naming the field."""
+    a = cfg.algorithm
+    if min(a.num_actors, a.num_learners) < 1 or "algorithm.num_actors" in given:
+        return  # the ranges' refusals, or the user's count as given
+    if a.num_actors % a.num_learners == 0:
+        return
+    actors = -(-a.num_actors // a.num_learners) * a.num_learners
+    envs = a.num_actors * a.envs_per_actor
+    before = f"{a.num_actors} x {a.envs_per_actor}"
+    a.num_actors = actors
+    if "algorithm.envs_per_actor" not in given and envs % actors == 0:
+        shared = dataclasses.replace(a, envs_per_actor=envs // actors)
+        try:  # each learner's batch still cut into the preset's minibatches
+            check_num_minibatches(shared, shared.actors_batch_size * shared.envs_per_actor)
+            fits = shared.envs_per_actor % cfg.runner.env_splits == 0
+        except (ConfigError, ZeroDivisionError):  # a range refused by validate, naming it
+            fits = False
+        if fits:
+            a.envs_per_actor = shared.envs_per_actor
+    log.info(
+        "algorithm.num_learners=%d: %d actors x %d envs, %d a learner, for the preset's "
+        "%s (algorithm.num_actors sets them)",
+        a.num_learners,
+        a.num_actors,
+        a.envs_per_actor,
+        a.num_actors // a.num_learners,
+        before,
+    )
 
 
 # A setting read only when another is on: (the setting, the switch it needs).
