@@ -247,6 +247,7 @@ def test_a_cnn_learner_gets_the_idle_core(monkeypatch, caplog):
     an explicit setting wins."""
     catch = "env.id=impala_rl.envs.samples:Catch"
     monkeypatch.setattr("impala_rl.env_defaults.available_cores", lambda: 2)
+    monkeypatch.setattr("impala_rl.env_defaults.idle_cores", lambda: 1.9)
     with caplog.at_level(logging.INFO, logger="impala_rl.env_defaults"):
         assert resolve_config(None, [catch]).runner.learner_threads == 2
     assert "sequential backend, 2 learner threads for the CNN" in caplog.text
@@ -258,6 +259,19 @@ def test_a_cnn_learner_gets_the_idle_core(monkeypatch, caplog):
     assert in_processes.runner.learner_threads == 1
     monkeypatch.setattr("impala_rl.env_defaults.available_cores", lambda: 1)
     assert resolve_config(None, [catch]).runner.learner_threads == 1
+
+
+def test_a_cnn_learner_keeps_one_thread_beside_a_busy_process(monkeypatch, caplog):
+    """A second thread on the core another process keeps busy waits at every op (Catch's run
+    took 2x one thread's beside busy processes): the console says why it has one."""
+    catch = "env.id=impala_rl.envs.samples:Catch"
+    monkeypatch.setattr("impala_rl.env_defaults.available_cores", lambda: 2)
+    monkeypatch.setattr("impala_rl.env_defaults.idle_cores", lambda: 1.0)
+    with caplog.at_level(logging.INFO, logger="impala_rl.env_defaults"):
+        assert resolve_config(None, [catch]).runner.learner_threads == 1
+    assert "1 learner thread for the CNN (1.0 of 2 cores idle at start-up)" in caplog.text
+    given = resolve_config(None, [catch, "runner.learner_threads=2"])
+    assert given.runner.learner_threads == 2
     frames = spaces.Box(0, 255, (3, 40, 40), np.uint8)
     assert has_image(_env_with(spaces.Dict({"frame": frames, "speed": spaces.Discrete(3)}), None))
     assert not has_image(_env_with(spaces.Box(0, 1, (40, 40), np.float32), None))

@@ -1,5 +1,6 @@
-"""How torch's threads wait (impala_rl.machine): a short OpenMP spin set before torch loads,
-the user's own setting kept."""
+"""What the process may run on and how torch's threads wait (impala_rl.machine): the cores
+other processes leave idle; a short OpenMP spin set before torch loads, the user's own setting
+kept."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 
 import pytest
 
+from impala_rl import machine
 from impala_rl.machine import OMP_SPIN_COUNT, OMP_WAIT_SETTINGS, set_omp_spin_count
 
 SPIN_AT_TORCH_IMPORT = """
@@ -54,3 +56,26 @@ def test_a_users_openmp_wait_setting_is_kept(monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     set_omp_spin_count()
     assert "GOMP_SPINCOUNT" not in os.environ
+
+
+def test_idle_cores_are_the_ticks_no_process_spent(monkeypatch):
+    """Each core's idle share of the ticks between two readings, summed: one core idle all the
+    time, one a quarter of it."""
+    readings = iter([{0: (100, 1000), 1: (50, 1000)}, {0: (200, 1100), 1: (75, 1100)}])
+    monkeypatch.setattr(machine, "available_cores", lambda: 2)
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(machine, "_cpu_times", lambda cpus: next(readings))
+    assert machine.idle_cores(0.0) == pytest.approx(1.25)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux's /proc/stat")
+def test_a_core_another_process_keeps_busy_is_not_idle():
+    cores = machine.available_cores()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(spinner.pid, {min(os.sched_getaffinity(0))})
+        idle = machine.idle_cores(0.5)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert 0.0 <= idle <= cores - 0.5

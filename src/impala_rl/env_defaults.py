@@ -25,7 +25,7 @@ normalize. On top, for every env:
   (``rollout_evaluator.max_time_share``), the final weights evaluated at the end;
   ``patience: 0`` and a budget of 1M env steps (``max_env_steps`` overrides it); where the
   model runs a CNN, PPO's Atari reuse (:data:`IMAGE_REUSE`, 4 passes x 4 minibatches) and 2
-  learner threads (:data:`CNN_LEARNER_THREADS`);
+  learner threads where 2 cores are idle at start-up (:data:`CNN_LEARNER_THREADS`);
 - for ``any_env`` and a family preset that steps an actor's envs one after the other in the
   learner's process (the sequential backend, ``env.vector=python``), where one step of the env
   costs :data:`SLOW_STEP_S` or more (timed on the probe: CarRacing, MuJoCo's Ant and Humanoid),
@@ -62,7 +62,7 @@ from impala_rl.config import (
 from impala_rl.envs import EnvFactory
 from impala_rl.envs.atari import AtariSettings, is_ale_id, sticky_actions
 from impala_rl.envs.structured import KeyObservation, MaskedActionsEnv, is_structured
-from impala_rl.machine import available_cores
+from impala_rl.machine import available_cores, idle_cores
 from impala_rl.nn.encoders import (
     IMAGE_ENCODERS,
     encoder_for,
@@ -125,9 +125,10 @@ trains Catch in a third of the time to the same or better scores (``benchmarks/a
 3 seeds; docs/experiments/any-env.md)."""
 CNN_LEARNER_THREADS = 2
 """Torch threads for an ``any_env`` learner that runs a CNN (an image observation, plain or in
-a Dict), at most the machine's cores: the sequential backend leaves the other core idle, and
-Catch's update took 0.75x one thread's time on 2 cores (``benchmarks/batch_update.py``); an
-MLP's (PointGoal: 0.89x, within the spread) keeps one."""
+a Dict), at most the cores other processes leave idle at start-up: the sequential backend
+leaves the other core idle, and Catch's update took 0.75x one thread's time on 2 cores
+(``benchmarks/batch_update.py``); beside a busy process the second thread's waits made
+Catch's run 2x one thread's. An MLP's (PointGoal: 0.89x, within the spread) keeps one."""
 
 
 def _spec(env_id: str) -> Any:
@@ -310,6 +311,7 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
     cnn_threads = fits_spaces and images and not _overridden(overrides, "runner.backend")
     threshold = reward_threshold(env_cfg.id)
     derived = [f"target_return={'null' if threshold is None else threshold}"]
+    busy_note = ""
     if family is None:  # a family preset has its schedule and budget
         preset = GENERIC_PRESET
         derived += [
@@ -337,8 +339,13 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
                 f"algorithm.num_passes={passes}",
                 f"algorithm.num_minibatches={minibatches}",
             ]
-        if cnn_threads:
-            derived.append(f"runner.learner_threads={min(CNN_LEARNER_THREADS, available_cores())}")
+        if cnn_threads and not _overridden(overrides, "runner.learner_threads"):
+            # a core another process keeps busy makes each op of a 2-thread team wait for it
+            idle = idle_cores()
+            threads = max(1, min(CNN_LEARNER_THREADS, available_cores(), round(idle)))
+            derived.append(f"runner.learner_threads={threads}")
+            if threads < min(CNN_LEARNER_THREADS, available_cores()):
+                busy_note = f" ({idle:.1f} of {available_cores()} cores idle at start-up)"
     note = ""
     budget = probe_cfg.max_env_steps  # None unless an override gives it (no preset under it)
     if preset in SHORT_BUDGET_PRESETS and budget is not None and budget <= SHORT_BUDGET:
@@ -386,7 +393,8 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
         lr += f" decaying to {a.lr_final:g}" + (f" over {horizon:,} env steps" if horizon else "")
     backend = f"{cfg.runner.backend} backend"
     if cnn_threads:
-        backend += f", {cfg.runner.learner_threads} learner threads for the CNN"
+        threads = _count(cfg.runner.learner_threads, "learner thread")
+        backend += f", {threads} for the CNN{busy_note}"
     if slow and cfg.env.vector == "async":
         backend += f", each env in its own process (a step takes {step_s * 1e3:.1f} ms)"
     # the learner's own rule and refusals, from what the config and the probe show (images:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 
 def available_cores() -> int:
@@ -13,6 +14,39 @@ def available_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def idle_cores(seconds: float = 0.2) -> float:
+    """The cores this process may run on that other processes leave idle, measured over
+    ``seconds`` while this one sleeps (Linux's ``/proc/stat``; elsewhere all of them). A
+    learner thread on a core another process keeps busy makes every op of its team wait."""
+    cores = available_cores()
+    try:
+        cpus = os.sched_getaffinity(0)
+        before = _cpu_times(cpus)
+        time.sleep(seconds)
+        after = _cpu_times(cpus)
+    except (AttributeError, OSError, ValueError):  # not Linux, or no /proc
+        return float(cores)
+    idle = 0.0
+    for cpu, (idle_1, total_1) in after.items():
+        idle_0, total_0 = before.get(cpu, (idle_1, total_1))
+        elapsed = total_1 - total_0
+        idle += (idle_1 - idle_0) / elapsed if elapsed > 0 else 1.0
+    return min(float(cores), idle) if after else float(cores)
+
+
+def _cpu_times(cpus: set[int]) -> dict[int, tuple[int, int]]:
+    """Each of ``cpus``' idle and total time so far (``/proc/stat``'s ticks)."""
+    times = {}
+    with open("/proc/stat") as stat:
+        for line in stat:
+            name, *fields = line.split()
+            if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+                continue
+            ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+            times[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
+    return times
 
 
 OMP_WAIT_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
