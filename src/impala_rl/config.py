@@ -670,7 +670,7 @@ def load_config(
     """
     cfg = merge_config(preset, overrides, base)
     given = _given_keys(preset, overrides, base)
-    share_actors_among_learners(cfg, given)
+    _share_actors_among_learners(cfg, given)
     if sizing_follows and cfg.runner.size_to_machine and cfg.runner.sized_for is None:
         check_rules(cfg)
     else:
@@ -679,7 +679,7 @@ def load_config(
     return cfg
 
 
-def share_actors_among_learners(cfg: RunConfig, given: set[str]) -> None:
+def _share_actors_among_learners(cfg: RunConfig, given: set[str]) -> None:
     """A preset's actors made a multiple of ``algorithm.num_learners`` where they are not and
     the user gave no ``algorithm.num_actors``: each learner takes as many actors, which step the
     preset's envs between them where they divide (``any_env``'s one actor of 8 envs is 2 actors
