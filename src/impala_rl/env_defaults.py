@@ -127,8 +127,8 @@ CNN_LEARNER_THREADS = 2
 """Torch threads for an ``any_env`` learner that runs a CNN (an image observation, plain or in
 a Dict), at most the cores other processes leave idle at start-up: the sequential backend
 leaves the other core idle, and Catch's update took 0.75x one thread's time on 2 cores
-(``benchmarks/batch_update.py``); beside a busy process the second thread's waits made
-Catch's run 2x one thread's. An MLP's (PointGoal: 0.89x, within the spread) keeps one."""
+(``benchmarks/batch_update.py``); beside one busy process the second thread's waits made
+Catch's run 3.5x one thread's. An MLP's (PointGoal: 0.89x, within the spread) keeps one."""
 
 
 def _spec(env_id: str) -> Any:
@@ -341,7 +341,7 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
             ]
         if cnn_threads and not _overridden(overrides, "runner.learner_threads"):
             # a core another process keeps busy makes each op of a 2-thread team wait for it
-            idle = idle_cores()
+            idle = idle_cores() if available_cores() > 1 else 1.0
             threads = max(1, min(CNN_LEARNER_THREADS, available_cores(), round(idle)))
             derived.append(f"runner.learner_threads={threads}")
             if threads < min(CNN_LEARNER_THREADS, available_cores()):
