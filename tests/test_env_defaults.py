@@ -240,41 +240,51 @@ def test_a_channels_last_pixel_env_gets_a_cnn_on_channels_first_frames():
     assert env.observation_space.shape == (3, 40, 40)
 
 
-def test_a_cnn_learner_gets_the_idle_core(monkeypatch, caplog):
+CATCH = "env.id=impala_rl.envs.samples:Catch"
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    """A machine of 2 cores, other processes leaving ``idle`` of them (``two_cores(idle)``)."""
+    monkeypatch.setattr("impala_rl.env_defaults.available_cores", lambda: 2)
+
+    def leave_idle(idle: float) -> None:
+        monkeypatch.setattr("impala_rl.env_defaults.idle_cores", lambda: idle)
+
+    return leave_idle
+
+
+def test_a_cnn_learner_gets_the_idle_core(monkeypatch, caplog, two_cores):
     """The sequential backend leaves the actors' core idle while the learner trains: a CNN's
     learner (an image, plain or in a Dict) takes 2 threads where the machine has 2 cores, an
     MLP's keeps one, a one-core machine one, actors in processes leave it the preset's one, and
     an explicit setting wins."""
-    catch = "env.id=impala_rl.envs.samples:Catch"
-    monkeypatch.setattr("impala_rl.env_defaults.available_cores", lambda: 2)
-    monkeypatch.setattr("impala_rl.env_defaults.idle_cores", lambda: 1.9)
+    two_cores(1.9)
     with caplog.at_level(logging.INFO, logger="impala_rl.env_defaults"):
-        assert resolve_config(None, [catch]).runner.learner_threads == 2
+        assert resolve_config(None, [CATCH]).runner.learner_threads == 2
     assert "sequential backend, 2 learner threads for the CNN" in caplog.text
     grid = "env.id=impala_rl.envs.samples:GridWorld"  # a Dict of vectors
     assert resolve_config(None, [grid]).runner.learner_threads == 1
-    given = resolve_config(None, [catch, "runner.learner_threads=1"])
+    given = resolve_config(None, [CATCH, "runner.learner_threads=1"])
     assert given.runner.learner_threads == 1
-    in_processes = resolve_config(None, [catch, "runner.backend=subprocess"])  # cores taken
+    in_processes = resolve_config(None, [CATCH, "runner.backend=subprocess"])  # cores taken
     assert in_processes.runner.learner_threads == 1
     monkeypatch.setattr("impala_rl.env_defaults.available_cores", lambda: 1)
-    assert resolve_config(None, [catch]).runner.learner_threads == 1
-
-
-def test_a_cnn_learner_keeps_one_thread_beside_a_busy_process(monkeypatch, caplog):
-    """A second thread on the core another process keeps busy waits at every op (Catch's run
-    took 2x one thread's beside busy processes): the console says why it has one."""
-    catch = "env.id=impala_rl.envs.samples:Catch"
-    monkeypatch.setattr("impala_rl.env_defaults.available_cores", lambda: 2)
-    monkeypatch.setattr("impala_rl.env_defaults.idle_cores", lambda: 1.0)
-    with caplog.at_level(logging.INFO, logger="impala_rl.env_defaults"):
-        assert resolve_config(None, [catch]).runner.learner_threads == 1
-    assert "1 learner thread for the CNN (1.0 of 2 cores idle at start-up)" in caplog.text
-    given = resolve_config(None, [catch, "runner.learner_threads=2"])
-    assert given.runner.learner_threads == 2
+    assert resolve_config(None, [CATCH]).runner.learner_threads == 1
     frames = spaces.Box(0, 255, (3, 40, 40), np.uint8)
     assert has_image(_env_with(spaces.Dict({"frame": frames, "speed": spaces.Discrete(3)}), None))
     assert not has_image(_env_with(spaces.Box(0, 1, (40, 40), np.float32), None))
+
+
+def test_a_cnn_learner_keeps_one_thread_beside_a_busy_process(caplog, two_cores):
+    """A second thread on the core another process keeps busy waits at every op (Catch's run
+    took 3.5x one thread's beside one busy process): the console says why it has one."""
+    two_cores(1.0)
+    with caplog.at_level(logging.INFO, logger="impala_rl.env_defaults"):
+        assert resolve_config(None, [CATCH]).runner.learner_threads == 1
+    assert "1 learner thread for the CNN (1.0 of 2 cores idle at start-up)" in caplog.text
+    given = resolve_config(None, [CATCH, "runner.learner_threads=2"])
+    assert given.runner.learner_threads == 2
 
 
 @pytest.mark.parametrize(
