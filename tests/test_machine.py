@@ -62,7 +62,6 @@ def test_idle_cores_are_the_ticks_no_process_spent(monkeypatch):
     """Each core's idle share of the ticks between two readings, summed: one core idle all the
     time, one a quarter of it."""
     readings = iter([{0: (100, 1000), 1: (50, 1000)}, {0: (200, 1100), 1: (75, 1100)}])
-    monkeypatch.setattr(machine, "available_cores", lambda: 2)
     monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(machine, "_cpu_times", lambda cpus: next(readings))
     assert machine.idle_cores(0.0) == pytest.approx(1.25)

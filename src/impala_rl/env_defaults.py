@@ -341,10 +341,11 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
             ]
         if cnn_threads and not _overridden(overrides, "runner.learner_threads"):
             # a core another process keeps busy makes each op of a 2-thread team wait for it
-            idle = idle_cores() if available_cores() > 1 else 1.0
-            threads = max(1, min(CNN_LEARNER_THREADS, available_cores(), round(idle)))
+            most = min(CNN_LEARNER_THREADS, available_cores())
+            idle = idle_cores() if most > 1 else 1.0
+            threads = max(1, min(most, round(idle)))
             derived.append(f"runner.learner_threads={threads}")
-            if threads < min(CNN_LEARNER_THREADS, available_cores()):
+            if threads < most:
                 busy_note = f" ({idle:.1f} of {available_cores()} cores idle at start-up)"
     note = ""
     budget = probe_cfg.max_env_steps  # None unless an override gives it (no preset under it)

@@ -20,20 +20,19 @@ def idle_cores(seconds: float = 0.2) -> float:
     """The cores this process may run on that other processes leave idle, measured over
     ``seconds`` while this one sleeps (Linux's ``/proc/stat``; elsewhere all of them). A
     learner thread on a core another process keeps busy makes every op of its team wait."""
-    cores = available_cores()
     try:
         cpus = os.sched_getaffinity(0)
         before = _cpu_times(cpus)
         time.sleep(seconds)
         after = _cpu_times(cpus)
     except (AttributeError, OSError, ValueError):  # not Linux, or no /proc
-        return float(cores)
+        return float(available_cores())
     idle = 0.0
     for cpu, (idle_1, total_1) in after.items():
         idle_0, total_0 = before.get(cpu, (idle_1, total_1))
         elapsed = total_1 - total_0
         idle += (idle_1 - idle_0) / elapsed if elapsed > 0 else 1.0
-    return min(float(cores), idle) if after else float(cores)
+    return min(float(len(cpus)), idle) if after else float(len(cpus))
 
 
 def _cpu_times(cpus: set[int]) -> dict[int, tuple[int, int]]:
