@@ -257,3 +257,65 @@ def test_a_reset_without_seed_is_named_before_the_first_reset():
 
     with pytest.raises(EnvError, match=r"_ResetOfOldGym.reset takes no seed or options; valid"):
         resolve_config(None, ["env.id=test_env_ids:_ResetOfOldGym"])
+
+
+@pytest.fixture
+def package_missing_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An installed package (under a ``site-packages`` folder) whose env reads a pattern file
+    of its own on reset that the release lacks, as minigrid 3.2.0's WFC ids do."""
+    site = tmp_path / "site-packages"
+    package = site / "impala_fake_files"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        textwrap.dedent(
+            """
+            from pathlib import Path
+
+            import gymnasium as gym
+            import numpy as np
+
+
+            class PatternEnv(gym.Env):
+                observation_space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+                action_space = gym.spaces.Discrete(2)
+
+                def __init__(self, pattern=None):
+                    self.pattern = pattern
+                    if pattern is not None:  # a file the user names
+                        Path(pattern).read_bytes()
+
+                def reset(self, *, seed=None, options=None):
+                    super().reset(seed=seed)
+                    (Path(__file__).parent / "patterns" / "maze.png").read_bytes()
+                    return np.zeros(2, np.float32), {}
+
+
+            gym.register(id="ImpalaFakeFiles-v0", entry_point=PatternEnv)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(site))
+    yield "impala_fake_files"
+    sys.modules.pop("impala_fake_files", None)
+    gym.registry.pop("ImpalaFakeFiles-v0", None)
+
+
+def test_an_env_whose_package_lacks_its_own_file_is_named_before_training(package_missing_a_file):
+    """The first reset (the defaults' probe, or the factory's own) reads the missing file: a
+    one-line error naming the id, the package and the file, not the env's traceback."""
+    from impala_rl.env_defaults import resolve_config
+
+    id_ = f"env.id={package_missing_a_file}:PatternEnv"
+    missing = r"the installed package impala_fake_files lacks its own file .*patterns.maze\.png"
+    with pytest.raises(EnvError, match=rf"could not reset: {missing}.*reinstall impala_fake"):
+        resolve_config(None, [id_])  # the factory's reset, looking for an action mask
+    with pytest.raises(EnvError, match=rf"could not be probed: {missing}"):
+        resolve_config(None, [id_, "env.info_action_mask=false"])  # the step timing's reset
+
+
+def test_a_file_named_in_env_kwargs_that_is_missing_is_named(package_missing_a_file, tmp_path):
+    absent = tmp_path / "absent.png"
+    with pytest.raises(EnvError, match=r"FileNotFoundError: .*absent\.png \(a path in env.kwargs"):
+        EnvFactory(
+            f"{package_missing_a_file}:ImpalaFakeFiles-v0", kwargs={"pattern": str(absent)}
+        )()

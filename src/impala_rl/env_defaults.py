@@ -59,8 +59,9 @@ from impala_rl.config import (
     planned_optimizer_steps,
     user_file_keys,
 )
-from impala_rl.envs import EnvFactory
+from impala_rl.envs import EnvError, EnvFactory
 from impala_rl.envs.atari import AtariSettings, is_ale_id, sticky_actions
+from impala_rl.envs.factory import unreadable_file
 from impala_rl.envs.structured import KeyObservation, MaskedActionsEnv, is_structured
 from impala_rl.machine import available_cores, idle_cores
 from impala_rl.nn.encoders import (
@@ -300,6 +301,10 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
         step_s = step_seconds(probe) if _steps_in_one_process(preset_cfg) else 0.0
         step_keys = len(probe.observation_spaces) if is_structured(probe) else 1
         observation = None if is_structured(probe) else probe.observation_space
+    except OSError as exc:  # an env that reads its files on reset or step
+        raise EnvError(
+            f"env.id {env_cfg.id!r} could not be probed: {unreadable_file(exc)}"
+        ) from None
     finally:
         probe.close()
     _check_given_encoder(probe_cfg.model.encoder, observation, env_cfg.id, spaces)

@@ -32,6 +32,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -243,8 +244,30 @@ def make_id_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         raise EnvError(f"env.id {env_id!r}: {exc}{hint}") from None
     except TypeError as exc:
         raise EnvError(f"env.kwargs for {env_id!r}: {exc}") from None
+    except OSError as exc:  # a file the env reads as it is made
+        raise EnvError(f"env.id {env_id!r} could not be made: {unreadable_file(exc)}") from None
     _quiet_babyai_levels()
     return env
+
+
+def unreadable_file(exc: OSError) -> str:
+    """What an env's failed file read means: a file of an installed package (an incomplete
+    release, e.g. minigrid 3.2.0's WFC patterns) or one the user's settings name."""
+    name = f"{type(exc).__name__}: {exc.strerror or exc}"
+    if not exc.filename:
+        return f"{name}"
+    path = Path(str(exc.filename)).resolve()
+    for root in map(Path, sys.path):
+        try:
+            package = path.relative_to(root.resolve()).parts[0]
+        except (ValueError, IndexError, OSError):
+            continue
+        if "site-packages" in root.parts or "dist-packages" in root.parts:
+            return (
+                f"the installed package {package} lacks its own file {path} ({name}); its "
+                f"release is incomplete: reinstall {package}, or install another version of it"
+            )
+    return f"{name}: {path} (a path in env.kwargs or in the env's own code)"
 
 
 def _quiet_babyai_levels() -> None:
@@ -434,9 +457,18 @@ class EnvFactory:
         if self.mask_source is None:
             source = outside_mask_source(env, None)
             if source is None and mask_width(env.action_space) is not None:
-                source = outside_mask_source(env, env.reset()[1])
+                source = outside_mask_source(env, self._first_reset(env)[1])
             self.mask_source = source or ""
         return self.mask_source
+
+    def _first_reset(self, env: gym.Env) -> tuple[Any, dict[str, Any]]:
+        """``env.reset()``, where an env that reads its files on reset fails first."""
+        try:
+            return env.reset()
+        except OSError as exc:
+            raise EnvError(
+                f"env.id {self.env_id!r} could not reset: {unreadable_file(exc)}"
+            ) from None
 
     @property
     def images(self) -> ImageReading:
