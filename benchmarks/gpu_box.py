@@ -390,7 +390,8 @@ def train(
 
 
 SERVER_LINE = re.compile(
-    r"inference\s+server(\s+\d+\s+of\s+\d+)?:\s+(?P<batches>\d+)\s+batches\s+of\s+"
+    r"inference\s+server(\s+\d+\s+of\s+\d+|\s+\(in\s+the\s+learner's\s+process\))?:"
+    r"\s+(?P<batches>\d+)\s+batches\s+of\s+"
     r"(?P<requests>[\d.]+)\s+requests,\s+(?P<ms>[\d.]+)\s+ms\s+each;\s+busy\s+(?P<busy>\d+)%"
     r"\s+of\s+the\s+time,\s+loading\s+weights\s+(?P<loading>\d+)%"
 )

@@ -35,8 +35,10 @@
 # bound, not the cores: 12 actors no faster, one inference server +14% (its ~800 small batches
 # a second time-slice the GPU with the learner's replays), the weights published once a pass
 # (every 16th step: 3 publishes a batch instead of 12; servers loading weights 16% -> 4%) +18%.
-# So the levers are the two together, and with each actor's envs in one group (half the
-# server's batches, each twice the size: fewer kernels beside the learner's); 40 s each.
+# So the levers are the two together, and the server as a thread of the learner's process
+# (runner.inference=learner: one CUDA context, the weights copied on the device at each
+# broadcast instead of through shared memory), publishing every 4th step and once a pass; 40 s
+# each.
 # Then, if one lever stepped >= 5% faster, seeds 1 and 2 under it for ~95 s each, with the same
 # report as the default call's (seconds from the command's start to -15, 0, +15, +18).
 # With BREAKOUT=1, instead: `benchmarks/learning.py atari --seeds 1` (Breakout, 10M env steps,
@@ -120,9 +122,9 @@ fi
 if [ "${THROUGHPUT:-0}" = 1 ]; then
     sized='algorithm.actors_batch_size=4 algorithm.num_minibatches=16 algorithm.broadcast_every=4'
     secs=40 env_s=8 procs=() vs=(--vs 'runner.inference_servers=1 algorithm.broadcast_every=16'
-        --vs 'runner.inference_servers=1 algorithm.broadcast_every=16 runner.env_splits=1')
+        --vs 'runner.inference=learner' --vs 'runner.inference=learner algorithm.broadcast_every=16')
     if [ "${DRY:-0}" = 1 ]; then
-        secs=15 env_s=3 procs=(--procs 2) vs=(--vs 'algorithm.num_actors=1')
+        secs=15 env_s=3 procs=(--procs 2) vs=(--vs 'algorithm.num_actors=1' --vs 'runner.inference=learner')
     fi
     timeout $((BUDGET_S - (SECONDS - START_S) - 10)) "$PY" benchmarks/gpu_box.py "${procs[@]}" \
         --env-seconds $env_s --train-seconds $secs --out "$OUT/gpu_box.json" pong_appo "${vs[@]}" \

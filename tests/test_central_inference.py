@@ -1,7 +1,9 @@
-"""Central inference (``runner.inference=central``): one server process acts for the actors.
+"""Central inference (``runner.inference=central``): one server process acts for the actors;
+``runner.inference=learner``: the same server as a thread of the learner's process.
 
-The server's process and its clients (here, in the test's process) where a test compares
-numbers; the subprocess backend where it checks processes, restarts, failures and training.
+The server (its process, or its thread here) and its clients (here, in the test's process)
+where a test compares numbers; the subprocess backend where it checks processes, restarts,
+failures and training.
 """
 
 from __future__ import annotations
@@ -20,7 +22,12 @@ import torch
 
 from deadlines import alarm_deadline, wait_until
 from impala_rl.actors.base import ActorError
-from impala_rl.actors.inference import CentralActing, InferenceProcess, allocate_requests
+from impala_rl.actors.inference import (
+    CentralActing,
+    InferenceProcess,
+    InferenceThread,
+    allocate_requests,
+)
 from impala_rl.actors.subprocess import (
     SharedWeights,
     SubprocessDistributedActors,
@@ -57,10 +64,14 @@ def _model(factory: EnvFactory, **model: object):
     return built
 
 
-class _Served:
-    """The inference process, as the backend starts it, and one client per actor here."""
+PLACES = ["process", "learner"]  # the server's process, or a thread of this one
 
-    def __init__(self, model, num_envs: int, clients: int = 1):
+
+class _Served:
+    """The inference process (or, ``place="learner"``, thread) as the backend starts it, and
+    one client per actor here."""
+
+    def __init__(self, model, num_envs: int, clients: int = 1, place: str = "process"):
         spec = rollout_spec_for(model, None, T, num_envs)
         self.requests = allocate_requests(spec, clients, spec.N)
         self.weights = SharedWeights(model.state_dict())
@@ -72,12 +83,16 @@ class _Served:
             CentralActing(b, {k: v[i] for k, v in self.requests.items()}, model)
             for i, (_, b) in enumerate(self.pipes)
         ]
-        self.server: InferenceProcess | None = None
+        self.server: InferenceProcess | InferenceThread | None = None
+        self.place = place
 
     def __enter__(self) -> _Served:
-        self.server = InferenceProcess(
-            self.ctx, self.model, self.requests, "cpu", self.weights, seed=3
-        )
+        if self.place == "learner":
+            self.server = InferenceThread(self.model, self.requests, "cpu", seed=3, version=0)
+        else:
+            self.server = InferenceProcess(
+                self.ctx, self.model, self.requests, "cpu", self.weights, seed=3
+            )
         for i, (a, _) in enumerate(self.pipes):
             self.server.add_actor(i, a)
         return self
@@ -85,7 +100,17 @@ class _Served:
     def __exit__(self, *exc: object) -> None:
         self.server.check()  # no error while serving
         self.server.stop()
-        assert self.server.process.exitcode == 0
+        if self.place == "learner":
+            assert not self.server._thread.is_alive()
+        else:
+            assert self.server.process.exitcode == 0
+
+    def publish(self, state_dict: dict, version: int) -> None:
+        """As the learner's broadcast: into the shared weights, or copied into the thread's."""
+        if self.place == "learner":
+            self.server.load(state_dict, version)
+        else:
+            self.weights.publish(state_dict, version)
 
     @property
     def requests_served(self) -> float:
@@ -112,8 +137,9 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("place", PLACES)
 @pytest.mark.parametrize("case", ["mlp", "lstm+last_inputs+normalize_obs"])
-def test_server_acts_as_the_policy_in_the_actor_would(case):
+def test_server_acts_as_the_policy_in_the_actor_would(case, place):
     env_id, settings = CASES[case]
     factory = EnvFactory(env_id, {"n_rounds": 2} if ":" in env_id else {})
     model = _model(factory, **settings)
@@ -129,7 +155,7 @@ def test_server_acts_as_the_policy_in_the_actor_would(case):
     if model.use_last_action_reward:
         extra = model.last_inputs(0, torch.tensor([0, 1, 1, 0, 1]), torch.randn(n))
         extra = extra.masked_fill(first.unsqueeze(-1), 0.0)
-    with _Served(model, n) as served:
+    with _Served(model, n, place=place) as served:
         remote = served.clients[0].act(0, obs, None, first, state, extra)
         value = served.clients[0].value(0, obs, extra, state)
     dist, local_state = model.act(0, obs, None, first, state, extra)
@@ -145,8 +171,9 @@ def test_server_acts_as_the_policy_in_the_actor_would(case):
     assert mode.shape == remote.action.shape
 
 
+@pytest.mark.parametrize("place", PLACES)
 @pytest.mark.parametrize("case", ["mlp", "lstm+last_inputs+normalize_obs", "structured+lstm"])
-def test_centrally_acted_unrolls_are_the_policy_s_own_across_unrolls(case):
+def test_centrally_acted_unrolls_are_the_policy_s_own_across_unrolls(case, place):
     """Replaying the slots (core state carried from unroll to unroll, first flags, last inputs,
     every step key) through the learner's forward with the same weights gives back the
     behaviour log-probs: the server acted with exactly this policy on exactly these inputs."""
@@ -155,7 +182,7 @@ def test_centrally_acted_unrolls_are_the_policy_s_own_across_unrolls(case):
     factory = EnvFactory(env_id, {"n_rounds": 2} if structured else {}, None if structured else 9)
     model = _model(factory, **settings)
     num_envs = 3
-    with _Served(model, num_envs) as served:
+    with _Served(model, num_envs, place=place) as served:
         loop = ActorLoop(factory, num_envs, model, 0, T, acting=served.clients[0])
         spec = rollout_spec_for(model, None, T, num_envs)
         for unroll in range(3):
@@ -173,10 +200,11 @@ def test_centrally_acted_unrolls_are_the_policy_s_own_across_unrolls(case):
     assert served.requests_served >= 3 * T
 
 
-def test_an_actor_gone_mid_request_leaves_the_others_served():
+@pytest.mark.parametrize("place", PLACES)
+def test_an_actor_gone_mid_request_leaves_the_others_served(place):
     factory = EnvFactory("CartPole-v1")
     model = _model(factory)
-    with _Served(model, 2, clients=2) as served:
+    with _Served(model, 2, clients=2, place=place) as served:
         gone, kept = served.clients
         obs = torch.randn(2, 4)
         gone.buffers["obs"][:2].copy_(obs)
@@ -188,14 +216,15 @@ def test_an_actor_gone_mid_request_leaves_the_others_served():
         kept.act(0, obs, None, None, None, None)  # the broken pipe was dropped, not fatal
 
 
-def test_weights_loaded_into_the_server_act_with_their_version():
+@pytest.mark.parametrize("place", PLACES)
+def test_weights_loaded_into_the_server_act_with_their_version(place):
     factory = EnvFactory("CartPole-v1")
     model = _model(factory)
-    with _Served(model, 2) as served:
+    with _Served(model, 2, place=place) as served:
         client = served.clients[0]
         client.act(0, torch.randn(2, 4), None, None, None, None)
         newer = {k: v + 0.5 for k, v in model.state_dict().items()}
-        served.weights.publish(newer, 4)  # as the learner does after an update
+        served.publish(newer, 4)  # as the learner does after an update
         obs = torch.randn(2, 4)
         acted = client.act(0, obs, None, None, None, None)  # answered before or after loading
         client.unroll_version(99)
@@ -206,7 +235,7 @@ def test_weights_loaded_into_the_server_act_with_their_version():
 
 
 def _subprocess_actors(
-    max_actor_restarts: int = 3, servers: int = 1, splits: int = 1
+    max_actor_restarts: int = 3, servers: int = 1, splits: int = 1, place: str = "central"
 ) -> SubprocessDistributedActors:
     factory = EnvFactory("CartPole-v1")
     model = _model(factory, core="lstm", shared_torso=True, lstm_hidden_size=8)
@@ -214,7 +243,7 @@ def _subprocess_actors(
         num_actors=2, envs_per_actor=2, n_rollout_steps=8, actors_batch_size=2
     )
     runner = RunnerConfig(
-        inference="central",
+        inference=place,
         inference_servers=servers,
         env_splits=splits,
         max_actor_restarts=max_actor_restarts,
@@ -269,16 +298,77 @@ def test_a_killed_inference_process_ends_the_run_with_an_error_not_a_hang(server
             os.kill(pid, 0)
 
 
-@pytest.mark.parametrize("servers", [1, 2])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_inference_in_the_learner_serves_a_restarted_actor_and_stops_with_the_actors(splits):
+    """``runner.inference=learner``: the broadcasts reach the thread's weights (their versions
+    are stamped), a restarted actor's new pipes are served, and the thread ends with the
+    actors, the actors' processes joined."""
+    actors = _subprocess_actors(splits=splits, place="learner")
+    with actors:
+        [server] = actors.servers
+        assert isinstance(server, InferenceThread)
+        for _ in range(3):
+            out = actors.collect_outputs("cpu")
+            actors.broadcast_updated_policy(actors._template.state_dict())
+        assert server.server.version >= 3
+        assert int(out.batch["policy_version"].max()) >= 1
+        os.kill(actors.actors[1].process.pid, signal.SIGKILL)
+        wait_until(lambda: actors.restarts == 1, 15, "the restart")
+        seen: set[int] = set()
+        deadline = time.monotonic() + 60  # the new process imports its env first
+        while seen != {0, 1} and time.monotonic() < deadline:
+            seen.update(actors.collect_outputs("cpu").batch["actor_index"].tolist())
+        assert seen == {0, 1}
+        server.check()
+        pids = [a.process.pid for a in actors.actors]
+    assert not server._thread.is_alive()
+    assert server.stats is not None and server.stats["batches"] > 0
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_failing_inference_thread_ends_the_run_with_its_error_not_a_hang(monkeypatch):
+    actors = _subprocess_actors(place="learner")
+    with actors:
+        actors.collect_outputs("cpu")
+        [server] = actors.servers
+
+        def broken(*args):
+            raise RuntimeError("a broken forward")
+
+        monkeypatch.setattr(server.server, "_serve_group", broken)
+        with pytest.raises(ActorError, match=r"inference thread failed:(.|\n)*a broken forward"):
+            for _ in range(50):  # a batch or two may have been prefetched
+                actors.collect_outputs("cpu")
+        pids = [a.process.pid for a in actors.actors if a.process is not None]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_inference_in_the_learner_is_one_server_of_subprocess_actors():
+    learner = ["runner.backend=subprocess", "runner.inference=learner"]
+    with pytest.raises(ConfigError, match=r"runner\.inference.*runner\.backend=sequential"):
+        load_config("cartpole", ["runner.inference=learner"])  # the preset is sequential
+    with pytest.raises(ConfigError, match=r"runner\.inference_servers.*inference=learner"):
+        load_config("cartpole", [*learner, "algorithm.num_actors=2", "runner.inference_servers=2"])
+    cfg = load_config("cartpole", [*learner, "runner.env_splits=2"])
+    assert (cfg.runner.inference, cfg.runner.env_splits) == ("learner", 2)
+
+
+@pytest.mark.parametrize("servers", [1, 2, "in the learner"])
 def test_the_server_reports_its_figures_when_it_stops(caplog, servers):
     """Each server's closing log line says how busy it was; benchmarks/gpu_box.py reads and
-    sums them."""
+    sums them (the learner's thread's too)."""
+    place = "learner" if servers == "in the learner" else "central"
+    servers = 1 if place == "learner" else servers
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     try:
         from gpu_box import server_figures
     finally:
         sys.path.pop(0)
-    actors = _subprocess_actors(servers=servers)
+    actors = _subprocess_actors(servers=servers, place=place)
     with caplog.at_level(logging.INFO, logger="impala_rl.actors.inference"):
         with actors:
             for _ in range(2):
@@ -472,11 +562,13 @@ def _train_central(tmp_path, *overrides: str) -> dict:
     return Trainer(cfg).train()
 
 
-@pytest.mark.parametrize("servers", [1, 2, "2 with env splits"])
+@pytest.mark.parametrize("servers", [1, 2, "2 with env splits", "in the learner"])
 def test_cartpole_trains_with_central_inference(tmp_path, servers):
     two = ["algorithm.num_actors=2", "runner.inference_servers=2"] if servers != 1 else []
-    if servers != 1 and servers != 2:
+    if servers == "2 with env splits":
         two.append("runner.env_splits=2")
+    if servers == "in the learner":
+        two = ["runner.inference=learner", "runner.env_splits=2"]
     assert _train_central(tmp_path, *two)["env_steps"] >= 6000
     assert threading.active_count() < 10  # the dispatcher thread is gone
 

@@ -47,6 +47,10 @@ def test_env_groups_are_sized_only_where_they_can_split_and_a_users_count_wins()
     actor = ["runner.inference=actor"]
     sized = size_to_machine(load_config("pong_appo", actor), actor, GPU_BOX)
     assert (sized.runner.inference, sized.runner.env_splits) == ("actor", 1)
+    learner = ["runner.backend=subprocess", "runner.inference=learner"]
+    sized = size_to_machine(load_config("pong_appo", learner), learner, GPU_BOX).runner
+    # the server in the learner's process: kept, its actors' envs in two groups, one server
+    assert (sized.inference, sized.env_splits, sized.inference_servers) == ("learner", 2, 1)
     assert size_to_machine(load_config("pong_appo"), [], Machine(16)).runner.env_splits == 1
 
 

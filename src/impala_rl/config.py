@@ -32,7 +32,7 @@ OPTIMIZERS = ("adam", "rmsprop")
 SCHEDULES = ("constant", "linear")
 BACKENDS = ("sequential", "subprocess", "ray")
 START_METHODS = ("forkserver", "spawn", "fork")
-INFERENCE_PLACES = ("actor", "central")
+INFERENCE_PLACES = ("actor", "central", "learner")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")
 ENCODERS = ("auto", "mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
 VECTOR_ENCODERS = ("auto", "mlp")
@@ -443,7 +443,8 @@ class RunnerConfig:
     """Where the policy acts: ``actor`` (each actor process runs its own copy, loaded between
     unrolls) or ``central`` (actor processes only step envs; a server process batches every
     waiting actor's observations and acts on ``algorithm.device``: for a GPU box; subprocess
-    backend only)."""
+    backend only) or ``learner`` (central, the server a thread of the learner's process: one
+    CUDA context on the GPU, the weights copied there at each broadcast; one server)."""
     inference_servers: int = 1
     """``runner.inference=central``: server processes (Sample Factory's policy workers), actor
     ``i`` served by server ``i % inference_servers`` (with ``env_splits=K``, its group ``g`` by
@@ -452,11 +453,11 @@ class RunnerConfig:
     batch caps the actors it can serve; add one when its closing log line says it was busy
     most of the time and the device has room."""
     env_splits: int = 1
-    """``runner.inference=central``: each actor's ``algorithm.envs_per_actor`` envs in this
-    many groups that take turns, each in a thread of the actor process with its own request
-    to the server, so one group steps while the others' requests are served (Sample Factory's
-    double-buffered sampling). 1: all of an actor's envs step, then wait, together. Must
-    divide ``algorithm.envs_per_actor``."""
+    """``runner.inference=central`` or ``learner``: each actor's ``algorithm.envs_per_actor``
+    envs in this many groups that take turns, each in a thread of the actor process with its
+    own request to the server, so one group steps while the others' requests are served
+    (Sample Factory's double-buffered sampling). 1: all of an actor's envs step, then wait,
+    together. Must divide ``algorithm.envs_per_actor``."""
     size_to_machine: bool = False
     """Size the preset to the machine at start-up (:mod:`impala_rl.sizing`): actors from the
     cores, the learner and central inference on a GPU, the batch to match, and minibatches and
@@ -1221,11 +1222,11 @@ def validate(cfg: RunConfig) -> None:
                 "a resource name mapped to a number > 0",
                 amount,
             )
-    if cfg.runner.inference == "central" and cfg.runner.backend != "subprocess":
+    if cfg.runner.inference != "actor" and cfg.runner.backend != "subprocess":
         _refuse(
             "runner.inference",
-            f"actor with runner.backend={cfg.runner.backend} (central inference serves "
-            "subprocess actors)",
+            f"actor with runner.backend={cfg.runner.backend} (central inference, in a process "
+            "or in the learner's, serves subprocess actors)",
             cfg.runner.inference,
         )
     if cfg.env.vector == "async" and cfg.runner.backend != "sequential":
@@ -1238,12 +1239,13 @@ def validate(cfg: RunConfig) -> None:
         )
     a = cfg.algorithm
     if cfg.runner.inference_servers > 1 and cfg.runner.inference != "central":
+        why = {"actor": "each actor acts itself", "learner": "one thread of the learner serves"}
         _refuse(
             "runner.inference_servers",
-            "1 with runner.inference=actor (each actor acts itself)",
+            f"1 with runner.inference={cfg.runner.inference} ({why[cfg.runner.inference]})",
             cfg.runner.inference_servers,
         )
-    if cfg.runner.env_splits > 1 and cfg.runner.inference != "central":
+    if cfg.runner.env_splits > 1 and cfg.runner.inference == "actor":
         _refuse(
             "runner.env_splits",
             "1 with runner.inference=actor (a group waits for answers only from a server)",

@@ -97,13 +97,13 @@ def _process_layout(cfg: RunConfig, machine: Machine, on_gpu: bool, given: set[s
         actors = a.num_actors if "algorithm.num_actors" in given else machine.cores
         out["algorithm.device"] = "cuda"
         out["algorithm.actors_batch_size"] = max(1, actors // 4)
-        central = cfg.runner.inference == "central" or "runner.inference" not in given
-        if cfg.runner.backend == "subprocess" and central:  # the backend with central inference
-            out["runner.inference"] = "central"
-            # each learner runs its servers for its own share of the actors
-            per_learner = max(1, actors // a.num_learners)
-            servers = max(1, min(per_learner, machine.cores // CORES_PER_SERVER))
-            out["runner.inference_servers"] = servers
+        place = cfg.runner.inference if "runner.inference" in given else "central"
+        if cfg.runner.backend == "subprocess" and place != "actor":  # central inference's
+            out["runner.inference"] = place
+            if place == "central":  # each learner runs servers for its own share of the actors
+                per_learner = max(1, actors // a.num_learners)
+                servers = max(1, min(per_learner, machine.cores // CORES_PER_SERVER))
+                out["runner.inference_servers"] = servers
             if a.envs_per_actor % 2 == 0:  # one half steps while the other's answer comes
                 out["runner.env_splits"] = 2
     elif machine.cores > 2:

@@ -21,6 +21,12 @@ server's weights are its own copy on the device; the learner publishes them afte
 update into the shared flat buffer that actor-side inference reads (``SharedWeights``), and
 the server loads a newer version between two batches of requests. Actors need no weights.
 
+``runner.inference=learner`` runs the same server as a thread of the learner's process
+(:class:`InferenceThread`): one CUDA context instead of two taking turns on the GPU, and the
+learner's weights copied on the device at each broadcast (:meth:`InferenceServer.load`)
+instead of through shared memory. The price is the interpreter lock the thread shares with the
+learner's update, which a captured update (one graph replay a step) mostly leaves free.
+
 ==================  ===================  ===================================================
 field               shape (per actor)    meaning
 ==================  ===================  ===================================================
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import multiprocessing as mp
 import pickle
 import signal
 import threading
@@ -175,6 +182,11 @@ class InferenceServer:
         self.requests_served = 0
         self.batches = 0
         self.busy_s = 0.0  # serving, from the first request read to the last answer sent
+        # In the learner's process (load): the weights are not copied while a batch is
+        # served, and a batch after a copy on the learner's CUDA stream waits for it there.
+        self.lock = threading.Lock()
+        self._loaded: torch.cuda.Event | None = None
+        self._own = self.model.state_dict()  # views of the server's weights
 
     def serve_round(
         self, conns: dict[int, Connection], timeout: float, also: list[Any] = ()
@@ -212,9 +224,13 @@ class InferenceServer:
         groups: dict[tuple[str, int], list[tuple[int, Any, int]]] = defaultdict(list)
         for actor, conn, kind, step_key, n in requests:
             groups[(kind, step_key)].append((actor, conn, n))
-        version = self.version
-        for (kind, step_key), members in groups.items():
-            self._serve_group(kind, step_key, members)
+        with self.lock:
+            if self._loaded is not None:  # weights copied on the learner's stream
+                torch.cuda.current_stream(self.device).wait_event(self._loaded)
+                self._loaded = None
+            version = self.version
+            for (kind, step_key), members in groups.items():
+                self._serve_group(kind, step_key, members)
         for members in groups.values():
             for _, conn, _ in members:
                 try:
@@ -223,6 +239,20 @@ class InferenceServer:
                     pass  # died while waiting: nothing to answer
         self.requests_served += len(requests)
         self.batches += 1
+
+    @torch.no_grad()
+    def load(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Copy the learner's ``state_dict`` (its live tensors, on any device) into the
+        server's weights as ``version``, between two batches (a server in the learner's
+        process). On a GPU the copies are queued on the caller's stream, after the update
+        that made the weights; the next batch waits for them on its own."""
+        with self.lock:  # a batch served holds it to its answers' download
+            for name, own in self._own.items():
+                own.copy_(state_dict[name], non_blocking=True)
+            if self.device.type == "cuda":
+                self._loaded = torch.cuda.Event()
+                self._loaded.record(torch.cuda.current_stream(self.device))
+            self.version = version
 
     def stats(self, wall_s: float, loading_s: float) -> dict[str, float]:
         """What the server did in ``wall_s`` seconds (``loading_s`` of them loading weights)."""
@@ -446,14 +476,101 @@ class InferenceProcess:
             self._read()
             self.control.close()
         if self.stats:
-            st = self.stats
-            log.info(
-                "inference server%s: %d batches of %.1f requests, %.2f ms each; busy %.0f%% of "
-                "the time, loading weights %.0f%%",
-                self.label,
-                st["batches"],
-                st["requests_per_batch"],
-                st["ms_per_batch"],
-                100 * st["busy_share"],
-                100 * st["loading_share"],
-            )
+            log_server_stats(self.label, self.stats)
+
+
+def log_server_stats(label: str, st: dict[str, float]) -> None:
+    """A server's closing line (``benchmarks/gpu_box.py`` reads it)."""
+    log.info(
+        "inference server%s: %d batches of %.1f requests, %.2f ms each; busy %.0f%% of "
+        "the time, loading weights %.0f%%",
+        label,
+        st["batches"],
+        st["requests_per_batch"],
+        st["ms_per_batch"],
+        100 * st["busy_share"],
+        100 * st["loading_share"],
+    )
+
+
+class InferenceThread:
+    """``runner.inference=learner``: the server as a thread of the learner's process, with
+    :class:`InferenceProcess`'s face (``add_actor``, ``check``, ``stop``, ``stats``) and
+    :meth:`load` in place of the shared weights: the learner's broadcast copies its weights
+    into the server's on the device. ``version``: the weights ``model`` holds."""
+
+    def __init__(
+        self,
+        model: Model,
+        buffers: dict[str, torch.Tensor],
+        device: torch.device | str,
+        seed: int,
+        version: int,
+    ):
+        self.label = " (in the learner's process)"
+        self.server = InferenceServer(model, buffers, device, seed)
+        self.server.version = version
+        self.stats: dict[str, float] | None = None  # the server's, once stopped
+        self.loading_s = 0.0
+        self._error: str | None = None
+        self._incoming: list[tuple[int, Connection]] = []  # actors' pipes for the thread
+        self._inbox = threading.Lock()
+        self._wake, self._waker = mp.Pipe(duplex=False)  # new pipes, or stop: read at once
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="impala-inference", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        conns: dict[int, Connection] = {}
+        started = time.perf_counter()
+        try:
+            while not self._stopping.is_set():
+                others, broken = self.server.serve_round(conns, POLL_S, [self._wake])
+                for index in broken:
+                    conns.pop(index).close()
+                if others:
+                    while self._wake.poll():
+                        self._wake.recv()
+                    with self._inbox:
+                        incoming, self._incoming = self._incoming, []
+                    for index, conn in incoming:
+                        if index in conns:
+                            conns[index].close()
+                        conns[index] = conn
+        except BaseException as exc:
+            self._error = "".join(traceback.format_exception(exc))
+        finally:
+            for conn in conns.values():
+                conn.close()
+            self.stats = self.server.stats(time.perf_counter() - started, self.loading_s)
+
+    def load(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """The learner's broadcast: ``state_dict`` as ``version`` (:meth:`InferenceServer.load`)."""
+        start = time.perf_counter()
+        self.server.load(state_dict, version)
+        self.loading_s += time.perf_counter() - start
+
+    def add_actor(self, index: int, conn: Connection) -> None:
+        """Serve ``conn`` as actor ``index``'s (again after a restart: the old pipe closes)."""
+        with self._inbox:
+            self._incoming.append((index, conn))
+        self._waker.send(None)
+
+    def check(self, wait_s: float = 0.0) -> None:
+        """Raise if the thread failed or ended before :meth:`stop`."""
+        if self._error is not None:
+            raise RuntimeError(f"the inference thread failed:\n{self._error}")
+        if not self._thread.is_alive() and not self._stopping.is_set():
+            raise RuntimeError("the inference thread stopped")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        try:
+            self._waker.send(None)
+        except (BrokenPipeError, OSError):
+            pass
+        self._thread.join(timeout=timeout)
+        self._waker.close()
+        self._wake.close()
+        if self.stats:
+            log_server_stats(self.label, self.stats)

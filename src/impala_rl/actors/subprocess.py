@@ -24,6 +24,8 @@ Layout
   a pipe and a request row of its own (``i * K + g``, served by server ``(i * K + g) %
   runner.inference_servers``). The server's end of a restarted actor's new pipe is handed to
   it over its control pipe; a server failing ends training with its error.
+  ``runner.inference=learner``: one server, a thread of the learner's process, whose weights
+  the learner's broadcasts copy on the device (no shared buffer written).
 
 Shared memory comes from torch's file-descriptor strategy, so nothing is left under
 ``/dev/shm`` even when a process is killed.
@@ -52,7 +54,12 @@ import torch
 import torch.multiprocessing  # noqa: F401  (registers shared-tensor pickling)
 
 from impala_rl.actors.base import ActorError, actor_seed
-from impala_rl.actors.inference import CentralActing, InferenceProcess, allocate_requests
+from impala_rl.actors.inference import (
+    CentralActing,
+    InferenceProcess,
+    InferenceThread,
+    allocate_requests,
+)
 from impala_rl.actors.rollout_queue import Rollout
 from impala_rl.actors.supervisor import (
     DEATH,
@@ -264,7 +271,9 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
         self, *args: Any, runner: Any = None, device: torch.device | str = "cpu", **kwargs: Any
     ):
         super().__init__(*args, runner=runner, **kwargs)
-        self.central = getattr(runner, "inference", "actor") == "central"
+        place = getattr(runner, "inference", "actor")
+        self.central = place in ("central", "learner")
+        self.in_learner = place == "learner"  # the server a thread of this process
         self._splits = getattr(runner, "env_splits", 1) if self.central else 1
         if self.cfg.envs_per_actor % self._splits:
             raise ActorError(
@@ -272,7 +281,8 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
                 f"{self.cfg.envs_per_actor}, got {self._splits}"
             )
         self.device = torch.device(device)
-        self.servers: list[InferenceProcess] = []  # central: actor i's is servers[i % len]
+        # central: actor i's is servers[i % len]
+        self.servers: list[InferenceProcess | InferenceThread] = []
         self.start_method = getattr(runner, "start_method", "forkserver")
         self._unreaped: list[Any] = []
 
@@ -326,7 +336,12 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
             # a row per env group of each actor (runner.env_splits)
             clients = cfg.num_actors * self._splits
             self._requests = allocate_requests(spec, clients, spec.N // self._splits)
-            n = getattr(self.runner, "inference_servers", 1)
+            if self.in_learner:  # the learner's broadcasts load its weights (_publish)
+                thread = InferenceThread(
+                    self._template, self._requests, self.device, self.seed, self.policy_version
+                )
+                self.servers.append(thread)
+            n = 0 if self.in_learner else getattr(self.runner, "inference_servers", 1)
             for s in range(n):  # each its own sampler seed, apart from the actors'
                 self.servers.append(
                     InferenceProcess(
@@ -480,6 +495,10 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
             block[key].copy_(src)
 
     def _publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        if self.in_learner:  # copied on the device, no shared memory: the actors hold none
+            for server in self.servers:
+                server.load(state_dict, version)  # type: ignore[union-attr]
+            return
         self.weights.publish(state_dict, version)  # read by the actors or the server
 
     def _failure(self, actor: _Actor | None = None) -> ActorError | None:
@@ -497,7 +516,7 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
                 return ActorError(f"central inference: {exc}")
         return None
 
-    def _server_of(self, client: int) -> InferenceProcess:
+    def _server_of(self, client: int) -> InferenceProcess | InferenceThread:
         """The server of request row ``client`` (actor ``i``'s env group ``g``: ``i *
         runner.env_splits + g``)."""
         return self.servers[client % len(self.servers)]
