@@ -64,6 +64,13 @@ def _model(factory: EnvFactory, **model: object):
     return built
 
 
+def _assert_stopped(pids: list[int]) -> None:
+    """Every one of ``pids`` (actors, servers) is stopped and joined: no such process left."""
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 PLACES = ["process", "learner"]  # the server's process, or a thread of this one
 
 
@@ -251,6 +258,18 @@ def _subprocess_actors(
     return SubprocessDistributedActors(factory, model, cfg, 0, runner=runner, device="cpu")
 
 
+def _kill_actor_1_and_see_both_again(actors: SubprocessDistributedActors) -> None:
+    """Kill actor 1 (most likely waiting on its server: mid-request), wait for its restart,
+    and collect until both actors' unrolls came in again."""
+    os.kill(actors.actors[1].process.pid, signal.SIGKILL)
+    wait_until(lambda: actors.restarts == 1, 15, "the restart")
+    seen: set[int] = set()
+    deadline = time.monotonic() + 60  # the new process imports its env first
+    while seen != {0, 1} and time.monotonic() < deadline:
+        seen.update(actors.collect_outputs("cpu").batch["actor_index"].tolist())
+    assert seen == {0, 1}
+
+
 @pytest.mark.parametrize(("servers", "splits"), [(1, 1), (2, 1), (2, 2)])
 def test_subprocess_actors_with_central_inference_survive_a_killed_actor(servers, splits):
     """With two servers actor 1 is the second's: its restart reaches that server again. With
@@ -262,22 +281,13 @@ def test_subprocess_actors_with_central_inference_survive_a_killed_actor(servers
             out = actors.collect_outputs("cpu")
             actors.broadcast_updated_policy(actors._template.state_dict())
         assert int(out.batch["policy_version"].max()) >= 1  # the server's versions are stamped
-        victim = actors.actors[1].process.pid
-        os.kill(victim, signal.SIGKILL)  # most likely waiting on the server: mid-request
-        wait_until(lambda: actors.restarts == 1, 15, "the restart")
-        seen: set[int] = set()
-        deadline = time.monotonic() + 60  # the new process imports its env first
-        while seen != {0, 1} and time.monotonic() < deadline:
-            seen.update(actors.collect_outputs("cpu").batch["actor_index"].tolist())
-        assert seen == {0, 1}
+        _kill_actor_1_and_see_both_again(actors)
         assert len(actors.servers) == servers
         for server in actors.servers:
             server.check()  # the restarted actor's new pipe was served
         pids = [a.process.pid for a in actors.actors] + [s.process.pid for s in actors.servers]
     assert all(s.stats and s.stats["batches"] > 0 for s in actors.servers)  # each one served
-    for pid in pids:  # the actors and the servers' processes are stopped and joined
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    _assert_stopped(pids)  # the actors and the servers' processes are stopped and joined
 
 
 @pytest.mark.parametrize("servers", [1, 2])
@@ -293,9 +303,7 @@ def test_a_killed_inference_process_ends_the_run_with_an_error_not_a_hang(server
             for _ in range(50):  # a batch or two may have been prefetched before the kill
                 actors.collect_outputs("cpu")
         pids = [a.process.pid for a in actors.actors if a.process is not None]
-    for pid in [*pids, server_pid]:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    _assert_stopped([*pids, server_pid])
 
 
 @pytest.mark.parametrize("splits", [1, 2])
@@ -312,20 +320,12 @@ def test_inference_in_the_learner_serves_a_restarted_actor_and_stops_with_the_ac
             actors.broadcast_updated_policy(actors._template.state_dict())
         assert server.server.version >= 3
         assert int(out.batch["policy_version"].max()) >= 1
-        os.kill(actors.actors[1].process.pid, signal.SIGKILL)
-        wait_until(lambda: actors.restarts == 1, 15, "the restart")
-        seen: set[int] = set()
-        deadline = time.monotonic() + 60  # the new process imports its env first
-        while seen != {0, 1} and time.monotonic() < deadline:
-            seen.update(actors.collect_outputs("cpu").batch["actor_index"].tolist())
-        assert seen == {0, 1}
+        _kill_actor_1_and_see_both_again(actors)
         server.check()
         pids = [a.process.pid for a in actors.actors]
     assert not server._thread.is_alive()
     assert server.stats is not None and server.stats["batches"] > 0
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    _assert_stopped(pids)
 
 
 def test_a_failing_inference_thread_ends_the_run_with_its_error_not_a_hang(monkeypatch):
@@ -342,9 +342,7 @@ def test_a_failing_inference_thread_ends_the_run_with_its_error_not_a_hang(monke
             for _ in range(50):  # a batch or two may have been prefetched
                 actors.collect_outputs("cpu")
         pids = [a.process.pid for a in actors.actors if a.process is not None]
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    _assert_stopped(pids)
 
 
 def test_inference_in_the_learner_is_one_server_of_subprocess_actors():
@@ -484,9 +482,7 @@ def test_an_env_failing_in_a_second_group_ends_the_run_with_its_error():
                 actors.collect_outputs("cpu")
         pids = [a.process.pid for a in actors.actors if a.process is not None]
         pids += [s.process.pid for s in actors.servers]
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    _assert_stopped(pids)
 
 
 def test_env_splits_need_central_inference_and_divide_the_envs():
