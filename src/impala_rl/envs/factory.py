@@ -255,7 +255,8 @@ def unreadable_file(exc: OSError) -> str:
     release, e.g. minigrid 3.2.0's WFC patterns) or one the user's settings name."""
     name = f"{type(exc).__name__}: {exc.strerror or exc}"
     if not exc.filename:
-        return f"{name}"
+        return name
+    lacks = "lacks" if isinstance(exc, FileNotFoundError) else "cannot read"
     path = Path(str(exc.filename)).resolve()
     for root in map(Path, sys.path):
         try:
@@ -264,8 +265,8 @@ def unreadable_file(exc: OSError) -> str:
             continue
         if "site-packages" in root.parts or "dist-packages" in root.parts:
             return (
-                f"the installed package {package} lacks its own file {path} ({name}); its "
-                f"release is incomplete: reinstall {package}, or install another version of it"
+                f"the installed package {package} {lacks} its own file {path} ({name}); its "
+                f"install is incomplete: reinstall {package}, or install another version of it"
             )
     return f"{name}: {path} (a path in env.kwargs or in the env's own code)"
 
