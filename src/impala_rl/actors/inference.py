@@ -190,17 +190,17 @@ class InferenceServer:
 
     def serve_round(
         self, conns: dict[int, Connection], timeout: float, also: list[Any] = ()
-    ) -> tuple[list[Any], list[int]]:
+    ) -> list[Any]:
         """Wait up to ``timeout`` for requests on ``conns`` (``{actor: pipe}``) or for
         ``also``, serve every request that came in one batch; returns the ready ones of
-        ``also`` and the actors whose pipe broke (the actor is gone: its death is the
-        backend's business)."""
+        ``also``. A pipe that broke is closed and dropped from ``conns`` (the actor is gone:
+        its death is the backend's business; a restart hands the server a new pipe)."""
         owner = {conn: index for index, conn in conns.items()}
         try:
             ready = wait([*owner, *also], timeout=timeout)
         except (OSError, ValueError):
-            return [], []  # a pipe closed under us: an actor died, ask again
-        requests, broken, others = [], [], []
+            return []  # a pipe closed under us: an actor died, ask again
+        requests, others = [], []
         start = time.perf_counter()
         for conn in ready:
             if conn not in owner:
@@ -209,13 +209,13 @@ class InferenceServer:
             try:
                 kind, step_key, n = conn.recv()
             except (EOFError, OSError):
-                broken.append(owner[conn])
+                conns.pop(owner[conn]).close()
                 continue
             requests.append((owner[conn], conn, kind, step_key, n))
         if requests:
             self.serve(requests)
             self.busy_s += time.perf_counter() - start
-        return others, broken
+        return others
 
     @torch.inference_mode()
     def serve(self, requests: list[tuple[int, Any, str, int, int]]) -> None:
@@ -329,6 +329,13 @@ class InferenceServer:
         self._scatter(members, out)
 
 
+def _adopt(conns: dict[int, Connection], index: int, conn: Connection) -> None:
+    """Serve ``conn`` as actor ``index``'s pipe (a restarted actor's: its old one closes)."""
+    if index in conns:
+        conns[index].close()
+    conns[index] = conn
+
+
 # -- the server's process -------------------------------------------------------------------------
 def _server_main(
     model_bytes: bytes,
@@ -350,17 +357,11 @@ def _server_main(
         control.send(("ready",))
         started, loading_s = time.perf_counter(), 0.0
         while True:
-            others, broken = server.serve_round(conns, POLL_S, [control])
-            for index in broken:
-                conns.pop(index).close()
-            if others:
+            if server.serve_round(conns, POLL_S, [control]):
                 msg = control.recv()
                 if msg is None:
                     break
-                _, index, conn = msg
-                if index in conns:
-                    conns[index].close()
-                conns[index] = conn
+                _adopt(conns, *msg[1:])
             t = time.perf_counter()
             version = weights.read_into(server.model, server.version)
             if version != server.version:
@@ -525,18 +526,13 @@ class InferenceThread:
         started = time.perf_counter()
         try:
             while not self._stopping.is_set():
-                others, broken = self.server.serve_round(conns, POLL_S, [self._wake])
-                for index in broken:
-                    conns.pop(index).close()
-                if others:
+                if self.server.serve_round(conns, POLL_S, [self._wake]):
                     while self._wake.poll():
                         self._wake.recv()
                     with self._inbox:
                         incoming, self._incoming = self._incoming, []
                     for index, conn in incoming:
-                        if index in conns:
-                            conns[index].close()
-                        conns[index] = conn
+                        _adopt(conns, index, conn)
         except BaseException as exc:
             self._error = "".join(traceback.format_exception(exc))
         finally:

@@ -337,24 +337,30 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
             clients = cfg.num_actors * self._splits
             self._requests = allocate_requests(spec, clients, spec.N // self._splits)
             if self.in_learner:  # the learner's broadcasts load its weights (_publish)
-                thread = InferenceThread(
-                    self._template, self._requests, self.device, self.seed, self.policy_version
-                )
-                self.servers.append(thread)
-            n = 0 if self.in_learner else getattr(self.runner, "inference_servers", 1)
-            for s in range(n):  # each its own sampler seed, apart from the actors'
                 self.servers.append(
-                    InferenceProcess(
-                        self.ctx,
-                        self._template,
-                        self._requests,
-                        self.device,
-                        self.weights,
-                        self.seed if s == 0 else actor_seed(self.seed, cfg.num_actors + s),
-                        index=s,
-                        count=n,
+                    InferenceThread(
+                        self._template, self._requests, self.device, self.seed, self.policy_version
                     )
                 )
+            else:
+                self._start_server_processes(getattr(self.runner, "inference_servers", 1))
+
+    def _start_server_processes(self, n: int) -> None:
+        """``runner.inference=central``'s ``n`` server processes, each its own sampler seed,
+        apart from the actors'."""
+        for s in range(n):
+            self.servers.append(
+                InferenceProcess(
+                    self.ctx,
+                    self._template,
+                    self._requests,
+                    self.device,
+                    self.weights,
+                    self.seed if s == 0 else actor_seed(self.seed, self.cfg.num_actors + s),
+                    index=s,
+                    count=n,
+                )
+            )
 
     def _new_actor(self, index: int) -> _Actor:
         return _Actor(index)
