@@ -116,6 +116,11 @@ ENVS: dict[str, Env] = {
     ),
     "inverted-double-pendulum": Env("InvertedDoublePendulum-v5", 200_000, kind="MuJoCo"),
     "taxi": Env("Taxi-v4", 100_000, kind="toy text, Discrete observation"),
+    "frozenlake": Env("FrozenLake-v1", 100_000, kind="toy text, slippery ice (Discrete)"),
+    "cliffwalking": Env("CliffWalking-v1", 100_000, kind="toy text, a cliff (Discrete)"),
+    "breakout-ram": Env(  # SB3: gym.make("ALE/Breakout-v5", obs_type="ram"), as its users write it
+        "ALE/Breakout-ram-v5", 500_000, kind="an ALE game's RAM (128 bytes)", episodes=10
+    ),
     "flappy-bird": Env(
         "flappy_bird_gymnasium:FlappyBird-v0", 200_000, kind="third-party package (lidar)"
     ),
@@ -146,6 +151,15 @@ def make_env(spec: Env, for_sb3: bool) -> Any:
 
             if env_id not in gym.registry:
                 minatar.gym.register_envs()
+        if env_id.startswith("ALE/"):
+            import ale_py
+
+            from impala_rl.envs.atari import split_ram_id
+
+            gym.register_envs(ale_py)
+            env_id, ram = split_ram_id(env_id)  # gym's RAM ids, which ale-py no longer registers
+            if ram:
+                spec = dataclasses.replace(spec, kwargs={"obs_type": "ram", **spec.kwargs})
         env = gym.make(env_id, **spec.kwargs)
     if for_sb3 and spec.sb3_wrapper == "minigrid_flat":
         from minigrid.wrappers import FlatObsWrapper

@@ -327,6 +327,116 @@ def test_ids_that_only_look_legacy_are_not_ale_games():
         assert not is_ale_id(env_id), env_id
 
 
-def test_a_v5_game_typed_without_its_namespace_names_the_id_to_type():
-    with pytest.raises(EnvError, match=r"Did you mean ALE/Breakout-v5\?"):
-        EnvFactory("Breakout-v5")()
+@pytest.mark.parametrize("env_id", ["Breakout-v5", "Pong-ram-v5"])
+def test_a_v5_game_typed_without_its_namespace_names_the_id_to_type(env_id):
+    """In a fresh process too, where nothing has registered ale-py's ids yet."""
+    code = (
+        "from impala_rl.envs import EnvError, EnvFactory\n"
+        f"try:\n    EnvFactory({env_id!r})()\nexcept EnvError as e:\n    print(e)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert f"Did you mean ALE/{env_id}?" in out.stdout
+    with pytest.raises(EnvError, match=rf"Did you mean ALE/{env_id}\?"):
+        EnvFactory(env_id)()
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kwargs", "game"),
+    [
+        ("ALE/Pong-ram-v5", {}, "ALE/Pong-v5"),
+        ("Pong-ramNoFrameskip-v4", {}, "PongNoFrameskip-v4"),
+        ("Breakout-ram-v4", {}, "Breakout-v4"),
+        ("ALE/Pong-v5", {"obs_type": "ram"}, "ALE/Pong-v5"),
+    ],
+)
+def test_ram_observations_are_the_consoles_bytes_stacked(env_id, kwargs, game):
+    """Gym's RAM ids (ale-py no longer registers them) and ``obs_type=ram`` on a game's id: the
+    128 bytes of RAM after each skipped step, ``frame_stack`` of them in one vector, the newest
+    last (uint8 from the env, floats to the model); the game's own sticky actions."""
+    from impala_rl.envs.atari import (
+        AtariSettings,
+        is_ale_id,
+        make_atari_env,
+        split_ram_id,
+        sticky_actions,
+    )
+
+    assert is_ale_id(env_id)
+    assert split_ram_id(env_id) == (game, "-ram" in env_id)
+    settings = AtariSettings.from_kwargs({"game": env_id, **kwargs})
+    assert (settings.game, settings.obs_type) == (game, "ram")
+    raw = make_atari_env(game=env_id, **kwargs)
+    try:
+        assert raw.observation_space == gym.spaces.Box(0, 255, (4 * 128,), np.uint8)
+    finally:
+        raw.close()
+    env = EnvFactory(env_id, kwargs)()
+    try:
+        assert env.observation_space.shape == (4 * 128,)
+        sticky = env.unwrapped.ale.getFloat("repeat_action_probability")
+        assert sticky == pytest.approx(sticky_actions(settings))
+        obs, _ = env.reset(seed=3)
+        first = obs.reshape(4, 128)
+        assert not first[:3].any() and first[3].any()  # zero padding before the first state
+        obs, *_ = env.step(0)
+        assert np.array_equal(obs.reshape(4, 128)[2], first[3])  # shifted by one
+        np.testing.assert_array_equal(obs.reshape(4, 128)[3], env.unwrapped.ale.getRAM())
+    finally:
+        env.close()
+
+
+def test_ram_no_op_starts_are_seeded_and_vary():
+    """Up to ``noop_max`` no-ops after a reset, drawn from the seeded generator: one seed gives
+    one start, and the seeds give more than one."""
+    starts = {}
+    for seed in (0, 0, 1, 2, 3, 4, 5):
+        env = EnvFactory("ALE/Breakout-v5", {"obs_type": "ram", "repeat_action_probability": 0})()
+        try:
+            frames = []
+            env.reset(seed=seed)
+            frames.append(env.unwrapped.ale.getEpisodeFrameNumber())
+        finally:
+            env.close()
+        starts.setdefault(seed, set()).update(frames)
+    assert all(len(v) == 1 for v in starts.values())  # seed 0 twice: one start
+    assert len({v.pop() for v in starts.values()}) > 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"game": "ALE/Pong-ram-v5", "obs_type": "rgb"}, "give the game's own id"),
+        ({"game": "ALE/Pong-v5", "obs_type": "grayscale"}, "obs_type='grayscale' is not valid"),
+        ({"game": "ALE/Pong-v5", "obs_type": "ram", "vector": "ale"}, "vector=ale steps screens"),
+        (
+            {"game": "ALE/Pong-v5", "obs_type": "ram", "terminal_on_life_loss": True},
+            "terminal_on_life_loss=true",
+        ),
+    ],
+)
+def test_ram_settings_that_cannot_hold_are_refused_by_name(kwargs, message):
+    from impala_rl.envs.atari import AtariSettings
+
+    with pytest.raises(EnvError, match=message):
+        AtariSettings.from_kwargs(kwargs)
+
+
+def test_a_ram_id_trains_on_the_any_env_preset_with_an_mlp(tmp_path, caplog):
+    """A game's RAM is a vector: ``env.id`` chooses ``any_env`` (an MLP over normalized
+    bytes), not the ALE preset's CNN, says so, and a short run trains and evaluates."""
+    from impala_rl.env_defaults import GENERIC_PRESET, resolve_config
+    from impala_rl.trainer import Trainer
+
+    with caplog.at_level("INFO"):
+        cfg = resolve_config(None, ["env.id=ALE/Breakout-ram-v5", "max_env_steps=2048"])
+    assert "an ALE game's RAM, vectors: the any_env preset" in caplog.text
+    assert "4 states of its 128 bytes of RAM stacked" in caplog.text
+    generic = load_config(GENERIC_PRESET)
+    assert cfg.model.normalize_obs and cfg.model.encoder == generic.model.encoder
+    assert cfg.algorithm.num_passes == generic.algorithm.num_passes
+    same = resolve_config(None, ["env.id=ALE/Breakout-v5", "env.kwargs.obs_type=ram"])
+    assert same.algorithm.num_passes == generic.algorithm.num_passes
+    summary = Trainer(cfg, run_dir=tmp_path).train()
+    assert summary["env_steps"] >= 2048 and summary["best_eval_return"] is not None

@@ -8,7 +8,8 @@ The env's family picks a preset, said on the console:
   ``minatar`` preset (``minatar_breakout`` for Breakout; ``minatar_short``, sample reuse, for a
   ``max_env_steps`` of at most 1M), ``ALE/...`` (and the legacy ids ale-py registers,
   ``PongNoFrameskip-v4``) the ``pong_appo`` preset's learning settings with the Atari
-  preprocessing (the game id's own sticky actions);
+  preprocessing (the game id's own sticky actions); a game's RAM (``env.kwargs.obs_type=ram``,
+  or gym's ``ALE/Pong-ram-v5``) is a vector, which ``any_env`` reads;
 - any other env the ``any_env`` preset: nearly on-policy batches reused under the clipped
   surrogate (the family presets' settings), fitted to the env's spaces.
 
@@ -60,7 +61,7 @@ from impala_rl.config import (
     user_file_keys,
 )
 from impala_rl.envs import EnvError, EnvFactory
-from impala_rl.envs.atari import AtariSettings, is_ale_id, sticky_actions
+from impala_rl.envs.atari import AtariSettings, is_ale_id, reads_ram, sticky_actions
 from impala_rl.envs.factory import unreadable_file
 from impala_rl.envs.structured import KeyObservation, MaskedActionsEnv, is_structured
 from impala_rl.machine import available_cores, idle_cores
@@ -291,6 +292,9 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
     check_rules(probe_cfg, "env")
     env_cfg = probe_cfg.env
     family = family_preset(env_cfg.id)
+    ram = is_ale_id(env_cfg.id) and reads_ram(env_cfg.id, env_cfg.kwargs)
+    if ram:  # vectors: the ALE preset's CNN reads screens
+        family = None
     preset_cfg = load_config(GENERIC_PRESET if family is None else family[0])  # as written
     probe = EnvFactory.of(env_cfg, vector="python")()
     try:
@@ -363,9 +367,15 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
             if not _overridden(overrides, f"env.kwargs.{key}"):
                 cfg.env.kwargs.pop(key, None)
         settings = AtariSettings.from_kwargs({"game": env_cfg.id, **cfg.env.kwargs})
+        if ram:
+            seen = f"{settings.frame_stack} states of its 128 bytes of RAM stacked"
+        else:
+            seen = (
+                f"{settings.screen_size}x{settings.screen_size} grayscale, "
+                f"{settings.frame_stack} frames stacked"
+            )
         note = (
-            f" (Atari preprocessing: a frame skip of {settings.frame_skip}, {settings.screen_size}"
-            f"x{settings.screen_size} grayscale, {settings.frame_stack} frames stacked; sticky "
+            f" (Atari preprocessing: a frame skip of {settings.frame_skip}, {seen}; sticky "
             f"actions {sticky_actions(settings):g})"
         )
     if _overridden(overrides, "target_return"):
@@ -384,7 +394,9 @@ def env_defaults(overrides: list[str], sizing_follows: bool = False) -> tuple[Ru
         evaluation += " in a process of its own"
     else:
         evaluation += " in the background" if ev.background else " in the pause"
-    if family is None:
+    if ram:
+        chosen = f"an ALE game's RAM, vectors: the {preset} preset{note}"
+    elif family is None:
         chosen = f"no preset of its family: the {preset} preset"
     else:
         chosen = f"the {preset} preset ({family[1]} env{note})"

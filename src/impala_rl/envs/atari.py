@@ -1,7 +1,10 @@
 """Atari through ale-py (which ships the ROMs) with the standard DQN/IMPALA preprocessing.
 
 Use it as ``env.id=impala_rl.envs.atari:make_atari_env`` with ``env.kwargs.game=ALE/Pong-v5``.
-Observations are ``uint8 [frame_stack, 84, 84]`` and stay ``uint8`` up to the network.
+Observations are ``uint8 [frame_stack, 84, 84]`` and stay ``uint8`` up to the network; with
+``env.kwargs.obs_type=ram`` (or gym's RAM ids, ``ALE/Pong-ram-v5``, ``Pong-ramNoFrameskip-v4``,
+which ale-py no longer registers) the console's 128 bytes of RAM, ``frame_stack`` of them in one
+``uint8 [frame_stack * 128]`` vector.
 
 ``env.kwargs.vector`` picks how an actor steps its envs: ``python`` (Gymnasium's wrappers, one
 env after the other) or ``ale`` (ale-py's C++ vector env with the same preprocessing and
@@ -20,6 +23,21 @@ import gymnasium as gym
 from impala_rl.envs.spaces import EnvError
 
 VECTOR_BACKENDS = ("python", "ale")
+OBS_TYPES = ("rgb", "ram")
+RAM_ID = re.compile(r"(?P<ns>ALE/)?(?P<name>[A-Z][A-Za-z]*?)-ram(?P<rest>(NoFrameskip)?-v\d+)")
+"""Gym's ids of an ALE game's RAM observations (``ALE/Pong-ram-v5``, ``Pong-ram-v4``,
+``Pong-ramNoFrameskip-v4``): ale-py >= 0.9 registers none of them, only ``obs_type="ram"`` on
+the game's own id."""
+
+
+def split_ram_id(env_id: str) -> tuple[str, bool]:
+    """``(game id, whether env_id names its RAM)``: ``ALE/Pong-ram-v5`` -> ``("ALE/Pong-v5",
+    True)``, ``Pong-ramNoFrameskip-v4`` -> ``("PongNoFrameskip-v4", True)``; any other id as
+    it is, with False."""
+    match = RAM_ID.fullmatch(env_id)
+    if match is None:
+        return env_id, False
+    return f"{match['ns'] or ''}{match['name']}{match['rest']}", True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +54,7 @@ class AtariSettings:
     noop_max: int = 30
     terminal_on_life_loss: bool = False
     repeat_action_probability: float | None = None  # None: the game id's own (v5, v0: 0.25; v4: 0)
+    obs_type: str | None = None  # rgb (screens) | ram (128 bytes); None: ram for a RAM id, else rgb
     full_action_space: bool = False
     max_episode_frames: int = 108_000
     vector: str = "python"  # how an actor steps its envs: python | ale
@@ -48,11 +67,33 @@ class AtariSettings:
         unknown = sorted(set(kwargs) - set(names))
         if unknown:
             raise EnvError(f"env.kwargs {unknown} are not Atari settings; valid: {names}")
-        settings = cls(**kwargs)
+        game, ram_id = split_ram_id(str(kwargs.get("game", cls.game)))
+        given = kwargs.get("obs_type")
+        if given is not None and given not in OBS_TYPES:
+            raise EnvError(
+                f"env.kwargs.obs_type={given!r} is not valid; valid: " + " | ".join(OBS_TYPES)
+            )
+        if ram_id and given == "rgb":
+            raise EnvError(
+                f"env.kwargs.obs_type=rgb with the RAM id {kwargs['game']!r}: give the "
+                f"game's own id ({game}) for screens"
+            )
+        obs_type = "ram" if ram_id else (given or "rgb")
+        settings = cls(**{**kwargs, "game": game, "obs_type": obs_type})
+        if settings.obs_type == "ram" and settings.terminal_on_life_loss:
+            raise EnvError(
+                "env.kwargs.terminal_on_life_loss=true reads lives off the screens' wrapper: "
+                "valid with env.kwargs.obs_type=rgb only"
+            )
         if settings.vector not in VECTOR_BACKENDS:
             raise EnvError(
                 f"env.kwargs.vector={settings.vector!r} is not valid; valid: "
                 + " | ".join(VECTOR_BACKENDS)
+            )
+        if settings.vector == "ale" and settings.obs_type == "ram":
+            raise EnvError(
+                "env.kwargs.vector=ale steps screens only; for the game's RAM "
+                "(env.kwargs.obs_type=ram) valid: env.kwargs.vector=python"
             )
         threads = settings.vector_threads
         if not (isinstance(threads, int) and threads >= 1):
@@ -62,12 +103,19 @@ class AtariSettings:
 
 def make_atari_env(**kwargs: Any) -> gym.Env:
     """One Atari env as Gymnasium wrappers, with the :class:`AtariSettings` in ``kwargs``."""
-    cfg = AtariSettings.from_kwargs(kwargs)
+    game = kwargs.get("game", AtariSettings.game)
+    return _atari_env(AtariSettings.from_kwargs(kwargs), f"env.kwargs.game={game!r}")
+
+
+def _atari_env(cfg: AtariSettings, named: str) -> gym.Env:
+    """The game of ``cfg`` preprocessed; ``named``: how the user gave it, for errors."""
     try:
         import ale_py
     except ImportError:
         raise EnvError("Atari needs ale-py and opencv: pip install 'impala-rl[atari]'") from None
     gym.register_envs(ale_py)
+    if cfg.obs_type == "ram":
+        return _ram_env(cfg, named)
     try:
         env = gym.make(
             cfg.game,
@@ -79,7 +127,7 @@ def make_atari_env(**kwargs: Any) -> gym.Env:
             disable_env_checker=True,
         )
     except gym.error.Error as exc:
-        raise EnvError(f"env.kwargs.game={cfg.game!r}: {exc}") from None
+        raise EnvError(f"{named}: {exc}") from None
     env = gym.wrappers.AtariPreprocessing(
         env,
         noop_max=cfg.noop_max,
@@ -93,6 +141,47 @@ def make_atari_env(**kwargs: Any) -> gym.Env:
     return gym.wrappers.FrameStackObservation(env, cfg.frame_stack, padding_type="zero")
 
 
+def _ram_env(cfg: AtariSettings, named: str) -> gym.Env:
+    """The game's RAM observations: ale-py skips ``frame_skip`` frames (RAM needs no max-pool
+    over the last two screens), up to ``noop_max`` no-ops on reset, ``frame_stack`` states
+    stacked and flattened (positions in one state, speeds across two)."""
+    try:
+        env = gym.make(
+            cfg.game,
+            obs_type="ram",
+            frameskip=cfg.frame_skip,
+            repeat_action_probability=sticky_actions(cfg),
+            full_action_space=cfg.full_action_space,
+            max_num_frames_per_episode=cfg.max_episode_frames,
+            render_mode=cfg.render_mode,
+            disable_env_checker=True,
+        )
+    except gym.error.Error as exc:
+        raise EnvError(f"{named}: {exc}") from None
+    env = NoopReset(env, cfg.noop_max)
+    env = gym.wrappers.FrameStackObservation(env, cfg.frame_stack, padding_type="zero")
+    return gym.wrappers.FlattenObservation(env)
+
+
+class NoopReset(gym.Wrapper):
+    """Up to ``noop_max`` no-op actions (action 0) after a reset, a random number of them drawn
+    from the env's own generator (seeded by ``reset(seed=...)``), as AtariPreprocessing does for
+    screens."""
+
+    def __init__(self, env: gym.Env, noop_max: int):
+        super().__init__(env)
+        self.noop_max = int(noop_max)
+
+    def reset(self, **kwargs: Any) -> Any:
+        obs, info = self.env.reset(**kwargs)
+        noops = int(self.env.unwrapped.np_random.integers(0, self.noop_max + 1))
+        for _ in range(noops):
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset()
+        return obs, info
+
+
 def make_ale_id_env(env_id: str, **kwargs: Any) -> gym.Env:
     """``env.id=ALE/Pong-v5`` (or a legacy id, ``PongNoFrameskip-v4``: :func:`is_ale_id`) as a
     plain id: ale-py's ids are registered on demand and the raw
@@ -104,7 +193,7 @@ def make_ale_id_env(env_id: str, **kwargs: Any) -> gym.Env:
             f"env.kwargs.game={kwargs['game']!r} with env.id={env_id!r}: give the game once, "
             "as env.id (or env.id=impala_rl.envs.atari:make_atari_env with env.kwargs.game)"
         )
-    return make_atari_env(game=env_id, **kwargs)
+    return _atari_env(AtariSettings.from_kwargs({"game": env_id, **kwargs}), f"env.id {env_id!r}")
 
 
 LEGACY_ID = re.compile(r"[A-Z][A-Za-z]*?(NoFrameskip)?-v[04]")
@@ -134,7 +223,19 @@ def is_ale_id(env_id: str) -> bool:
     not."""
     if env_id.startswith("ALE/"):
         return True
+    env_id = split_ram_id(env_id)[0]
     return bool(LEGACY_ID.fullmatch(env_id)) and _ale_spec(env_id) is not None
+
+
+def is_registered_game(env_id: str) -> bool:
+    """Whether ale-py registers ``env_id`` (a RAM id: its game's id), registering its ids on
+    demand."""
+    return _ale_spec(split_ram_id(env_id)[0]) is not None
+
+
+def reads_ram(env_id: str, kwargs: dict[str, Any]) -> bool:
+    """Whether an ALE game's id with these ``env.kwargs`` observes the console's RAM."""
+    return split_ram_id(env_id)[1] or kwargs.get("obs_type") == "ram"
 
 
 def sticky_actions(settings: AtariSettings) -> float:
@@ -163,6 +264,7 @@ def make_atari_vector_env(num_envs: int, **kwargs: Any) -> Any:
     cfg = AtariSettings.from_kwargs(kwargs)
     if cfg.vector == "python":
         return None
+
     try:
         from ale_py.vector_env import AtariVectorEnv
     except ImportError:

@@ -39,7 +39,7 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from impala_rl.envs.atari import is_ale_id
+from impala_rl.envs.atari import is_ale_id, is_registered_game
 from impala_rl.envs.images import (
     ConvertedImages,
     ConvertedKeyImages,
@@ -227,6 +227,8 @@ def make_id_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     try:
         env = gym.make(env_id, **kwargs)
     except (gym.error.NameNotFound, gym.error.NamespaceNotFound) as exc:
+        if hint := _ale_namespace_hint(env_id):  # Pong-ram-v5
+            raise EnvError(f"env.id {env_id!r}: {exc}{hint}") from None
         raise EnvError(
             f"env.id {env_id!r}: {exc} If a package provides it, install the package and write "
             f"env.id=package:{env_id} (the package is imported, which registers its ids)"
@@ -239,15 +241,20 @@ def make_id_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
             f"env.id {env_id!r} needs a package that is not installed ({exc}){hint}"
         ) from None
     except gym.error.Error as exc:
-        namespaced = f"ALE/{env_id}"  # Pong-v5: ale-py registers v5 in the ALE namespace only
-        hint = f" Did you mean {namespaced}?" if namespaced in gym.registry else ""
-        raise EnvError(f"env.id {env_id!r}: {exc}{hint}") from None
+        raise EnvError(f"env.id {env_id!r}: {exc}{_ale_namespace_hint(env_id)}") from None
     except TypeError as exc:
         raise EnvError(f"env.kwargs for {env_id!r}: {exc}") from None
     except OSError as exc:  # a file the env reads as it is made
         raise EnvError(f"env.id {env_id!r} could not be made: {unreadable_file(exc)}") from None
     _quiet_babyai_levels()
     return env
+
+
+def _ale_namespace_hint(env_id: str) -> str:
+    """`` Did you mean ALE/Pong-v5?`` for ``Pong-v5`` (ale-py registers v5 in the ALE namespace
+    only; its RAM id, ``Pong-ram-v5``, too), else empty."""
+    namespaced = f"ALE/{env_id}"
+    return f" Did you mean {namespaced}?" if is_registered_game(namespaced) else ""
 
 
 def unreadable_file(exc: OSError) -> str:
