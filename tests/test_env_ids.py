@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -319,3 +320,16 @@ def test_a_file_named_in_env_kwargs_that_is_missing_is_named(package_missing_a_f
         EnvFactory(
             f"{package_missing_a_file}:ImpalaFakeFiles-v0", kwargs={"pattern": str(absent)}
         )()
+
+
+@pytest.mark.parametrize(
+    ("env_id", "module"),
+    [("tictactoe_v3", "pettingzoo.classic.tictactoe_v3"), ("foo_v1", None)],
+)
+def test_a_pettingzoo_game_typed_by_its_name_alone_names_the_module(env_id, module):
+    """PettingZoo's games are modules; ``tictactoe_v3`` alone is answered with the module to
+    type, a name PettingZoo lacks with how to name a package."""
+    pytest.importorskip("pettingzoo")
+    expected = f"Did you mean {module}?" if module else "write env.id=package:foo_v1"
+    with pytest.raises(EnvError, match=re.escape(expected)):
+        EnvFactory(env_id)()

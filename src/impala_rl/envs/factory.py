@@ -29,6 +29,7 @@ import importlib
 import importlib.util
 import inspect
 import logging
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -227,7 +228,7 @@ def make_id_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     try:
         env = gym.make(env_id, **kwargs)
     except (gym.error.NameNotFound, gym.error.NamespaceNotFound) as exc:
-        if hint := _ale_namespace_hint(env_id):  # Pong-ram-v5
+        if hint := _ale_namespace_hint(env_id) or _pettingzoo_hint(env_id):  # Pong-ram-v5
             raise EnvError(f"env.id {env_id!r}: {exc}{hint}") from None
         raise EnvError(
             f"env.id {env_id!r}: {exc} If a package provides it, install the package and write "
@@ -255,6 +256,26 @@ def _ale_namespace_hint(env_id: str) -> str:
     only; its RAM id, ``Pong-ram-v5``, too), else empty."""
     namespaced = f"ALE/{env_id}"
     return f" Did you mean {namespaced}?" if is_registered_game(namespaced) else ""
+
+
+PETTINGZOO_FAMILIES = ("classic", "butterfly", "sisl", "mpe", "atari")
+PETTINGZOO_NAME = re.compile(r"[a-z][a-z0-9_]*_v\d+")
+
+
+def _pettingzoo_hint(env_id: str) -> str:
+    """`` Did you mean pettingzoo.classic.tictactoe_v3?`` for ``tictactoe_v3`` (PettingZoo's
+    games are modules, typed whole), where PettingZoo is installed and has that game."""
+    if not PETTINGZOO_NAME.fullmatch(env_id):
+        return ""
+    for family in PETTINGZOO_FAMILIES:
+        module = f"pettingzoo.{family}.{env_id}"
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # PettingZoo, or the family, not installed
+            found = False
+        if found:
+            return f" Did you mean {module}?"
+    return ""
 
 
 def unreadable_file(exc: OSError) -> str:
