@@ -264,7 +264,6 @@ def make_atari_vector_env(num_envs: int, **kwargs: Any) -> Any:
     cfg = AtariSettings.from_kwargs(kwargs)
     if cfg.vector == "python":
         return None
-
     try:
         from ale_py.vector_env import AtariVectorEnv
     except ImportError:
