@@ -115,19 +115,14 @@ def _atari_env(cfg: AtariSettings, named: str) -> gym.Env:
         raise EnvError("Atari needs ale-py and opencv: pip install 'impala-rl[atari]'") from None
     gym.register_envs(ale_py)
     if cfg.obs_type == "ram":
-        return _ram_env(cfg, named)
-    try:
-        env = gym.make(
-            cfg.game,
-            frameskip=1,  # AtariPreprocessing skips frames and max-pools
-            repeat_action_probability=sticky_actions(cfg),
-            full_action_space=cfg.full_action_space,
-            max_num_frames_per_episode=cfg.max_episode_frames,
-            render_mode=cfg.render_mode,
-            disable_env_checker=True,
+        # ale-py skips the frames (RAM needs no max-pool over the last two screens); no-op
+        # starts, then the last states stacked and flattened (positions in one, speeds across)
+        env = NoopReset(
+            _ale_env(cfg, named, obs_type="ram", frameskip=cfg.frame_skip), cfg.noop_max
         )
-    except gym.error.Error as exc:
-        raise EnvError(f"{named}: {exc}") from None
+        env = gym.wrappers.FrameStackObservation(env, cfg.frame_stack, padding_type="zero")
+        return gym.wrappers.FlattenObservation(env)
+    env = _ale_env(cfg, named, frameskip=1)  # AtariPreprocessing skips frames and max-pools
     env = gym.wrappers.AtariPreprocessing(
         env,
         noop_max=cfg.noop_max,
@@ -141,26 +136,21 @@ def _atari_env(cfg: AtariSettings, named: str) -> gym.Env:
     return gym.wrappers.FrameStackObservation(env, cfg.frame_stack, padding_type="zero")
 
 
-def _ram_env(cfg: AtariSettings, named: str) -> gym.Env:
-    """The game's RAM observations: ale-py skips ``frame_skip`` frames (RAM needs no max-pool
-    over the last two screens), up to ``noop_max`` no-ops on reset, ``frame_stack`` states
-    stacked and flattened (positions in one state, speeds across two)."""
+def _ale_env(cfg: AtariSettings, named: str, **observed: Any) -> gym.Env:
+    """ale-py's env of the game with ``cfg``'s sticky actions, action set and frame limit;
+    ``observed``: what it observes and how many frames a step skips."""
     try:
-        env = gym.make(
+        return gym.make(
             cfg.game,
-            obs_type="ram",
-            frameskip=cfg.frame_skip,
             repeat_action_probability=sticky_actions(cfg),
             full_action_space=cfg.full_action_space,
             max_num_frames_per_episode=cfg.max_episode_frames,
             render_mode=cfg.render_mode,
             disable_env_checker=True,
+            **observed,
         )
     except gym.error.Error as exc:
         raise EnvError(f"{named}: {exc}") from None
-    env = NoopReset(env, cfg.noop_max)
-    env = gym.wrappers.FrameStackObservation(env, cfg.frame_stack, padding_type="zero")
-    return gym.wrappers.FlattenObservation(env)
 
 
 class NoopReset(gym.Wrapper):
