@@ -21,6 +21,7 @@ from impala_rl.env_defaults import (
     GENERIC_PRESET,
     IMAGE_REUSE,
     SHORT_BUDGET,
+    SLOW_STEP_S,
     describe_spaces,
     env_family,
     has_image,
@@ -200,6 +201,33 @@ def test_an_env_whose_step_is_slow_gets_each_env_in_its_own_process(caplog):
     assert resolve_config(None, ["env.id=CarRacing-v3"]).env.vector == "async"
     assert resolve_config(None, ["env.id=CartPole-v1"]).env.vector == "python"
     assert resolve_config(None, ["env.id=ALE/Pong-v5"]).env.vector == "python"
+
+
+def test_timing_a_step_reads_its_cost_not_a_busy_machines_waits():
+    """A step of 0.1 ms of CPU that waits 20 ms one step in four, as a step waits for a core
+    other processes hold on a busy machine: its mean wall time is ~5 ms, its cost 0.1 ms, and it
+    keeps its envs in one process; a step that waits on every step (a simulator's own thread)
+    has that wait counted (the test above: 2 ms of sleep a step reads as >= 2 ms)."""
+
+    class Busy(SimpleNamespace):
+        steps = 0
+
+        def reset(self, seed=None):
+            return np.zeros(2, np.float32), {}
+
+        def step(self, action):
+            self.steps += 1
+            start = time.thread_time()
+            while time.thread_time() - start < 1e-4:
+                pass
+            if self.steps % 4 == 0:
+                time.sleep(0.02)
+            return np.zeros(2, np.float32), 0.0, False, False, {}
+
+    env = Busy(
+        observation_space=spaces.Box(-1, 1, (2,), np.float32), action_space=spaces.Discrete(3)
+    )
+    assert 1e-4 <= step_seconds(env, budget_s=10.0, max_steps=40) < SLOW_STEP_S
 
 
 def test_timing_a_step_does_not_fail_on_an_env_that_refuses_random_actions():

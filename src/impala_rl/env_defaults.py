@@ -29,7 +29,7 @@ normalize. On top, for every env:
   learner threads where 2 cores are idle at start-up (:data:`CNN_LEARNER_THREADS`);
 - for ``any_env`` and a family preset that steps an actor's envs one after the other in the
   learner's process (the sequential backend, ``env.vector=python``), where one step of the env
-  costs :data:`SLOW_STEP_S` or more (timed on the probe: CarRacing, MuJoCo's Ant and Humanoid),
+  costs :data:`SLOW_STEP_S` or more (timed on the probe: CarRacing, not MuJoCo's 0.1-0.6 ms),
   ``env.vector=async``: an actor's envs step at once, each in its own process, on every core
   (the same episodes, the batches as on-policy as before).
 
@@ -40,6 +40,7 @@ With neither a preset nor ``env.id`` the ``cartpole`` preset runs (CartPole-v1, 
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from typing import Any
 
@@ -232,26 +233,33 @@ def describe_spaces(env: Any, entries: bool = True) -> tuple[str, dict[str, Any]
 
 
 def step_seconds(env: Any, budget_s: float = STEP_TIMING_S, max_steps: int = 200) -> float:
-    """The mean wall time of one step of ``env`` (a plain env) under seeded random actions,
-    resets not counted; 0.0 for a structured env (its step takes each agent's turn) and for an
-    env that refuses a random action (one with masked actions): it then keeps one process."""
+    """What one step of ``env`` (a plain env) costs on an idle machine, under seeded random
+    actions, resets not counted: this thread's mean CPU time a step plus the median of the
+    rest of each step's wall time. A step that waits on something (a simulator's own thread, a
+    socket) waits on every step and is counted; a step that waited for a core other processes
+    held is rare at microseconds a step and is not, so a busy machine does not read MuJoCo's
+    Ant (0.2 ms) as slow (its mean wall time was 1.1 ms beside 10 busy processes on 2 cores).
+    0.0 for a structured env (its step takes each agent's turn) and for an env that refuses a
+    random action (one with masked actions): it then keeps one process."""
     if is_structured(env):
         return 0.0
     env.action_space.seed(0)
     env.reset(seed=0)
-    spent, steps = 0.0, 0
-    while spent < budget_s and steps < max_steps:
+    cpu, waits, spent = 0.0, [], 0.0
+    while spent < budget_s and len(waits) < max_steps:
         action = env.action_space.sample()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         try:
             _, _, terminated, truncated, _ = env.step(action)
         except Exception:
             return 0.0
-        spent += time.perf_counter() - start
-        steps += 1
+        step_cpu, wall = time.thread_time() - start_cpu, time.perf_counter() - start
+        cpu += step_cpu
+        waits.append(max(wall - step_cpu, 0.0))
+        spent += wall
         if terminated or truncated:
             env.reset()
-    return spent / steps
+    return cpu / len(waits) + statistics.median(waits)
 
 
 def model_observations(env: Any, entries: bool = True) -> list[gym.Space]:
