@@ -439,3 +439,31 @@ def test_a_ram_id_trains_on_the_any_env_preset_with_an_mlp(tmp_path, caplog):
     assert same.algorithm.num_passes == generic.algorithm.num_passes
     summary = Trainer(cfg, run_dir=tmp_path).train()
     assert summary["env_steps"] >= 2048 and summary["best_eval_return"] is not None
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "encoder", "id_form"),
+    [
+        ("atari", ["env.kwargs.obs_type=ram"], "impala_resnet", "env.id=ALE/Breakout-v5 "),
+        ("pong", ["env.kwargs.obs_type=ram"], "nature_cnn", "env.id=ALE/Pong-v5 "),
+        ("pong_appo", ["env.kwargs.game=ALE/Pong-ram-v5"], "nature_cnn", "env.id=ALE/Pong-v5 "),
+    ],
+)
+def test_an_atari_presets_cnn_on_a_games_ram_is_refused_before_the_env_is_built(
+    monkeypatch, preset, overrides, encoder, id_form
+):
+    """The Atari presets' CNNs read screens: on the RAM the config is refused by the encoder's
+    name, pointing to the id form (a vector env's settings), before any env is built; an
+    encoder for vectors is let through."""
+    from impala_rl.env_defaults import resolve_config
+    from impala_rl.envs import factory
+
+    def built(*args, **kwargs):
+        raise AssertionError("an env was built before the config was refused")
+
+    monkeypatch.setattr(factory.EnvFactory, "__call__", built)
+    with pytest.raises(ConfigError, match="'model.encoder'") as refused:
+        resolve_config(preset, overrides)
+    assert repr(encoder) in str(refused.value) and id_form in str(refused.value)
+    cfg = resolve_config(preset, [*overrides, "model.encoder=auto"])
+    assert cfg.model.encoder == "auto"

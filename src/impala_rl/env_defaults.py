@@ -62,7 +62,13 @@ from impala_rl.config import (
     user_file_keys,
 )
 from impala_rl.envs import EnvError, EnvFactory
-from impala_rl.envs.atari import AtariSettings, is_ale_id, reads_ram, sticky_actions
+from impala_rl.envs.atari import (
+    AtariSettings,
+    is_ale_id,
+    reads_ram,
+    split_ram_id,
+    sticky_actions,
+)
 from impala_rl.envs.factory import unreadable_file
 from impala_rl.envs.structured import KeyObservation, MaskedActionsEnv, is_structured
 from impala_rl.machine import available_cores, idle_cores
@@ -191,6 +197,27 @@ def _check_given_encoder(encoder: str, observation: Any, env_id: str, spaces: st
             f"{' | '.join(VECTOR_ENCODERS)} | package.module:Class for {env_id} ({spaces}, "
             f"shape {observation.shape}): {encoder} reads uint8 images [C, H, W]"
         )
+
+
+ATARI_MAKER = "impala_rl.envs.atari:make_atari_env"
+
+
+def _check_screens_read(cfg: RunConfig) -> None:
+    """Refuse a preset's image encoder on an ALE game's RAM (``env.kwargs.obs_type=ram``, a
+    RAM id) before the env is built: the Atari presets' CNN reads screens, and the id form
+    gives a game's RAM the settings of a vector env."""
+    env_cfg, encoder = cfg.env, cfg.model.encoder
+    game = env_cfg.kwargs.get("game") if env_cfg.id == ATARI_MAKER else env_cfg.id
+    if encoder not in IMAGE_ENCODERS or not isinstance(game, str):
+        return
+    if not (env_cfg.id == ATARI_MAKER or is_ale_id(game)) or not reads_ram(game, env_cfg.kwargs):
+        return
+    raise ConfigError(
+        f"invalid value for 'model.encoder': {encoder!r} for the RAM of {game} (128 bytes a "
+        f"frame, a vector); valid: {' | '.join(VECTOR_ENCODERS)} | package.module:Class. Or "
+        f"run `impala train env.id={split_ram_id(game)[0]} env.kwargs.obs_type=ram` for the "
+        "settings of a vector env"
+    )
 
 
 def _count(n: int, noun: str) -> str:
@@ -462,6 +489,7 @@ def resolve_config(preset: Any, overrides: list[str] | None = None) -> RunConfig
     overrides = list(overrides or [])
     if preset is not None:
         cfg = load_config(preset, overrides, sizing_follows=True)
+        _check_screens_read(cfg)
     elif not _overridden(overrides, "env.id"):
         log.info("no preset and no env.id: the %s preset", DEFAULT_PRESET)
         cfg = load_config(DEFAULT_PRESET, overrides, sizing_follows=True)
