@@ -167,7 +167,7 @@ def _train(args: argparse.Namespace) -> int:
             print(json.dumps(exc.summary, indent=2))
         raise
     finally:
-        from impala_rl.actors.subprocess import stop_helper_processes
+        from impala_rl.helper_processes import stop_helper_processes
 
         stop_helper_processes()  # this process ends here: nothing it started may outlive it
     print(json.dumps(summary, indent=2))

@@ -23,7 +23,7 @@ from contextlib import suppress
 from typing import Any, NoReturn
 
 from impala_rl.actors import DistributedActors
-from impala_rl.actors.subprocess import stop_helper_processes_quietly
+from impala_rl.helper_processes import stop_helper_processes_quietly
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import suppress
-from multiprocessing import forkserver, resource_tracker
+from multiprocessing import forkserver
 from multiprocessing import util as mp_util
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -71,6 +70,7 @@ from impala_rl.actors.supervisor import (
     ActorSupervisor,
 )
 from impala_rl.distributed import main_file_missing
+from impala_rl.helper_processes import stop_helper_processes_quietly
 from impala_rl.rollout import ActorLoop, ActorSplits, RolloutSpec
 
 log = logging.getLogger(__name__)
@@ -93,23 +93,6 @@ def start_forkserver() -> None:
 
 
 _helpers_stopped_at_exit = False
-
-
-def stop_helper_processes_quietly() -> None:
-    """:func:`stop_helper_processes` where a failure has nobody to go to (at interpreter exit;
-    a further learner, which shares the leader's tracker: not its to stop)."""
-    with suppress(Exception):
-        stop_helper_processes()
-
-
-def stop_helper_processes() -> None:
-    """Stop and join the forkserver and the resource tracker, where this process runs them:
-    left alone, each exits only after it notices that its parent is gone, so `impala train`
-    would return with them still there (~2 s for the forkserver)."""
-    for helper in (forkserver._forkserver, resource_tracker._resource_tracker):
-        stop = getattr(helper, "_stop", None)  # private (CPython's tests use it); absent: left be
-        if stop is not None:
-            stop()  # a no-op where the helper is not running
 
 
 # -- weights: a flat buffer behind a seqlock --------------------------------------------------
