@@ -88,3 +88,26 @@ def test_a_slow_env_trains_with_its_envs_in_processes_and_leaves_none(tmp_path):
         ["pgrep", "-f", str(run_dir)], capture_output=True, text=True
     ).stdout.split()
     assert not leftover
+
+
+def test_the_evaluator_steps_its_envs_as_training_does_with_the_same_episodes():
+    """A run whose envs step in processes of their own evaluates the same way (a slow env's
+    evaluation is its steps: CarRacing's 10 episodes took 0.65-0.68x the time), and the episodes are
+    those of the envs stepped in turn: the sampled actions, so the returns and lengths."""
+    from impala_rl.evaluation import evaluate
+    from impala_rl.startup import probe_env
+
+    assert probe_env(load_config("cartpole", ["env.vector=async"])).eval_env_factory.vector == (
+        "async"
+    )
+    probe = EnvFactory("CartPole-v1", {})()
+    torch.manual_seed(0)
+    model = ActorCritic(probe.observation_space, probe.action_space, hidden_sizes=(16,))
+    probe.close()
+    results = [
+        evaluate(model, EnvFactory("CartPole-v1", {}, vector=v), 4, deterministic=False, seed=3)
+        for v in ("python", "async")
+    ]
+    assert results[0] == results[1]
+    assert len(set(results[0].lengths)) > 1  # the sampled actions ended episodes in turn
+    assert not multiprocessing.active_children()

@@ -279,7 +279,7 @@ class EnvConfig:
     """How an actor steps its envs: ``python`` (one after the other), ``async`` (each env in a
     process of its own, stepped at once: Gymnasium's ``AsyncVectorEnv``; the same episodes as
     ``python``, for envs whose step costs far more than passing it between processes, a
-    millisecond or more; the sequential backend only; the evaluator keeps one process),
+    millisecond or more; the sequential backend only; the evaluator's envs too),
     ``envpool`` (envpool's C++ vector env, classic control ids) or ``auto`` (times an actor's
     loop on both at start-up and takes the faster on this machine, for ids envpool has, when it
     is installed and ``kwargs`` is empty; else ``python``). The default stays ``python`` until

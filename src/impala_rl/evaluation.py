@@ -22,6 +22,7 @@ import torch
 from impala_rl.decisions import DecisionStreams, LocalActing
 from impala_rl.distributed import main_file_missing
 from impala_rl.envs import make_keyed_vector_env
+from impala_rl.helper_processes import stop_forkserver
 from impala_rl.nn import Model
 from impala_rl.nn.observations import as_obs
 
@@ -361,6 +362,9 @@ def _evaluator_main(
     traceback); ``None`` ends it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner's process handles Ctrl-C
     torch.set_num_threads(1)
+    # Daemonic to the learner (stopped at its exit), yet the parent of its envs' processes
+    # (``env.vector=async``), which each evaluation closes and joins.
+    mp.current_process().daemon = False
 
     def check_cancel(module: torch.nn.Module, inputs: Any) -> None:
         if cancel.value:
@@ -387,3 +391,5 @@ def _evaluator_main(
                 conn.send(("error", text, time.perf_counter() - t0))
     except (EOFError, BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         pass  # the learner is gone or stopping us
+    finally:
+        stop_forkserver()  # the async envs' (none otherwise): joined, not left to notice

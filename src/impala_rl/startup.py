@@ -104,10 +104,7 @@ def probe_env(cfg: RunConfig) -> EnvProbe:
         n_envs, lambda f, seconds: actor_loop_rate(f, n_envs, model, unroll, seconds)
     )
     eval_env_factory = env_factory
-    # the evaluator builds its envs anew for each evaluation: with async, a process per episode
-    # would cost more to start (imports, the env's assets) than the evaluation's steps
-    eval_vector = "python" if env_factory.vector == "async" else env_factory.vector
-    if cfg.env.eval_kwargs or eval_vector != env_factory.vector:
+    if cfg.env.eval_kwargs:
         kwargs = {**cfg.env.kwargs, **cfg.env.eval_kwargs}
-        eval_env_factory = EnvFactory.of(cfg.env, kwargs, eval_vector)
+        eval_env_factory = EnvFactory.of(cfg.env, kwargs, env_factory.vector)
     return EnvProbe(env_factory, eval_env_factory, observation_space, action_space, model)
