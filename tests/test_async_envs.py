@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import signal
 import subprocess
+import time
 
 import gymnasium as gym
 import pytest
@@ -15,7 +18,7 @@ from impala_rl.config import ConfigError, load_config
 from impala_rl.envs import EnvFactory
 from impala_rl.nn import ActorCritic
 from impala_rl.rollout import ActorLoop, rollout_spec_for
-from test_cli import _impala
+from test_cli import QUIET, _cmd, _env, _impala, _process_group
 
 ENV_ID = "scripted_envs:make_env"
 KWARGS = {"episode_lengths": [3, 5, 30], "terminate": True}  # the 30-step one is truncated
@@ -111,3 +114,48 @@ def test_the_evaluator_steps_its_envs_as_training_does_with_the_same_episodes():
     assert results[0] == results[1]
     assert len(set(results[0].lengths)) > 1  # the sampled actions ended episodes in turn
     assert not multiprocessing.active_children()
+
+
+def test_a_ctrl_c_in_a_terminal_stops_a_run_whose_envs_and_evaluation_have_processes(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group: training's env processes and the
+    evaluation's (in a process of its own, each env in one) leave it to the learner, so the
+    run stops as interrupted, with no worker's traceback and nothing left running."""
+    proc = subprocess.Popen(
+        _cmd(
+            "train",
+            f"env.id={ENV_ID}",
+            "env.kwargs={step_sleep_s: 0.002, terminate: false}",
+            "env.max_episode_steps=1500",  # an evaluation of 10 episodes takes seconds
+            "max_env_steps=100000000",
+            "algorithm.num_passes=1",
+            "algorithm.num_minibatches=1",
+            "algorithm.rollout_evaluator.max_time_share=null",
+            "algorithm.epoch_length=1",
+            "--run-dir",
+            str(tmp_path / "run"),
+            *QUIET,
+        ),
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        # the learner, 8 env processes, the evaluation's process and its 10: an evaluation runs
+        deadline = time.monotonic() + 180
+        while len(_process_group(proc.pid)) < 20:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no evaluation in processes within 180 s"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert json.loads(out)["stopped_because"] == "interrupted"
+    assert _process_group(proc.pid) == []

@@ -30,7 +30,9 @@ import importlib.util
 import inspect
 import logging
 import multiprocessing as mp
+import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -559,7 +561,7 @@ class EnvFactory:
         # process (10 CarRacing envs: 0.3 s to start against 1.0 s); one already running stays.
         mp.get_context("forkserver").set_forkserver_preload(["impala_rl.envs"])
         envs = gym.vector.AsyncVectorEnv(
-            [self.stepping("python")] * num_envs,
+            [_InterruptIgnoringWorker(self.stepping("python"))] * num_envs,
             copy=False,
             context="forkserver",
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
@@ -762,6 +764,21 @@ def _log_image_conversions(env_id: str, env: gym.Env) -> None:
             env_id,
             "; ".join(env.conversions()),
         )
+
+
+class _InterruptIgnoringWorker:
+    """An env factory for ``AsyncVectorEnv``'s worker processes: a Ctrl-C in a terminal reaches
+    the whole process group, and is the learner's to handle (it closes the envs); a worker
+    that took it would die mid-step with Gymnasium's traceback. Built in the process that made
+    it (the vector env's first env, for the spaces), it leaves that process's signals be."""
+
+    def __init__(self, factory: EnvFactory):
+        self.factory, self.parent = factory, os.getpid()
+
+    def __call__(self) -> gym.Env:
+        if os.getpid() != self.parent:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return self.factory()
 
 
 def make_vector_env(factory: Callable[[], gym.Env], num_envs: int) -> Any:
