@@ -18,7 +18,7 @@ from impala_rl.config import ConfigError, load_config
 from impala_rl.envs import EnvFactory
 from impala_rl.nn import ActorCritic
 from impala_rl.rollout import ActorLoop, rollout_spec_for
-from test_cli import QUIET, _cmd, _env, _impala, _process_group
+from test_cli import QUIET, _impala, _in_own_group, _process_group
 
 ENV_ID = "scripted_envs:make_env"
 KWARGS = {"episode_lengths": [3, 5, 30], "terminate": True}  # the 30-step one is truncated
@@ -120,29 +120,21 @@ def test_a_ctrl_c_in_a_terminal_stops_a_run_whose_envs_and_evaluation_have_proce
     """A terminal's Ctrl-C reaches the whole process group: training's env processes and the
     evaluation's (in a process of its own, each env in one) leave it to the learner, so the
     run stops as interrupted, with no worker's traceback and nothing left running."""
-    proc = subprocess.Popen(
-        _cmd(
-            "train",
-            f"env.id={ENV_ID}",
-            "env.kwargs={step_sleep_s: 0.002, terminate: false}",
-            "env.max_episode_steps=1500",  # an evaluation of 10 episodes takes seconds
-            "max_env_steps=100000000",
-            "algorithm.num_passes=1",
-            "algorithm.num_minibatches=1",
-            "algorithm.rollout_evaluator.max_time_share=null",
-            "algorithm.epoch_length=1",
-            "--run-dir",
-            str(tmp_path / "run"),
-            *QUIET,
-        ),
+    with _in_own_group(
+        "train",
+        f"env.id={ENV_ID}",
+        "env.kwargs={step_sleep_s: 0.002, terminate: false}",
+        "env.max_episode_steps=1500",  # an evaluation of 10 episodes takes seconds
+        "max_env_steps=100000000",
+        "algorithm.num_passes=1",
+        "algorithm.num_minibatches=1",
+        "algorithm.rollout_evaluator.max_time_share=null",
+        "algorithm.epoch_length=1",
+        "--run-dir",
+        str(tmp_path / "run"),
+        *QUIET,
         cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    ) as proc:
         # the learner, 8 env processes, the evaluation's process and its 10: an evaluation runs
         deadline = time.monotonic() + 180
         while len(_process_group(proc.pid)) < 20:
@@ -151,10 +143,6 @@ def test_a_ctrl_c_in_a_terminal_stops_a_run_whose_envs_and_evaluation_have_proce
             time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert json.loads(out)["stopped_because"] == "interrupted"

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,27 @@ def _env() -> dict[str, str]:
 
 def _cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "impala_rl.cli", *args]
+
+
+@contextmanager
+def _in_own_group(*args: str, cwd: Path) -> Iterator[subprocess.Popen]:
+    """``impala ARGS`` in a process group of its own (which finds anything it started), its
+    output piped; killed with its group if it is still running at the end."""
+    proc = subprocess.Popen(
+        _cmd(*args),
+        cwd=cwd,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _impala(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -265,27 +288,19 @@ def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, signum, learners, back
         pytest.importorskip("ray")
     run_dir = tmp_path / "run"
     last = run_dir / "checkpoints" / "last.pt"
-    proc = subprocess.Popen(
-        _cmd(
-            "train",
-            "cartpole",
-            "--run-dir",
-            str(run_dir),
-            "target_return=null",
-            "max_env_steps=1000000000",
-            "algorithm.epoch_length=2",
-            f"algorithm.num_learners={learners}",
-            f"runner.backend={backend}",
-            *QUIET,
-        ),
+    with _in_own_group(
+        "train",
+        "cartpole",
+        "--run-dir",
+        str(run_dir),
+        "target_return=null",
+        "max_env_steps=1000000000",
+        "algorithm.epoch_length=2",
+        f"algorithm.num_learners={learners}",
+        f"runner.backend={backend}",
+        *QUIET,
         cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group: lets us find anything it started
-    )
-    try:
+    ) as proc:
         deadline = time.monotonic() + 120  # a busy machine: a learner process starts slowly
         while not last.is_file():
             assert proc.poll() is None, proc.communicate()
@@ -294,10 +309,6 @@ def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, signum, learners, back
         assert proc.pid in _process_group(proc.pid)
         os.kill(proc.pid, signum)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
     assert proc.returncode == 130, err
     assert "Traceback" not in err

@@ -24,7 +24,7 @@ from impala_rl.evaluation import EvaluationResult
 from impala_rl.learner import Learner, NonFiniteError
 from impala_rl.policy import load_run_config
 from impala_rl.trainer import Trainer
-from test_cli import QUIET, _cmd, _env, _impala, _process_group
+from test_cli import QUIET, _cmd, _env, _impala, _in_own_group, _process_group
 from test_learners import _children_left
 from test_trainer import FAST, STEPS_PER_UPDATE, _read_summary, _train
 
@@ -222,31 +222,23 @@ def test_a_second_signal_ends_a_run_whose_main_thread_waits_in_a_collective(tmp_
     die meanwhile are not restarted)."""
     run_dir, stall, stalled = tmp_path / "run", tmp_path / "stall", tmp_path / "stalled"
     last = run_dir / "checkpoints" / "last.pt"
-    proc = subprocess.Popen(
-        _cmd(
-            "train",
-            "cartpole",
-            "--run-dir",
-            str(run_dir),
-            "env.id=nan_env:make_env_stalling_in_further_learners",
-            f"env.kwargs.stall_file={stall}",
-            f"env.kwargs.stalled_file={stalled}",
-            "target_return=null",
-            "max_env_steps=1000000000",
-            "algorithm.epoch_length=2",
-            "algorithm.num_learners=2",
-            f"runner.backend={backend}",
-            *QUIET,
-        ),
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
     took = float("inf")
-    try:
+    with _in_own_group(
+        "train",
+        "cartpole",
+        "--run-dir",
+        str(run_dir),
+        "env.id=nan_env:make_env_stalling_in_further_learners",
+        f"env.kwargs.stall_file={stall}",
+        f"env.kwargs.stalled_file={stalled}",
+        "target_return=null",
+        "max_env_steps=1000000000",
+        "algorithm.epoch_length=2",
+        "algorithm.num_learners=2",
+        f"runner.backend={backend}",
+        *QUIET,
+        cwd=tmp_path,
+    ) as proc:
         deadline = time.monotonic() + 120
         while not last.is_file() or not stalled.exists():
             assert proc.poll() is None, proc.communicate()
@@ -266,10 +258,6 @@ def test_a_second_signal_ends_a_run_whose_main_thread_waits_in_a_collective(tmp_
         except subprocess.TimeoutExpired:
             raise AssertionError("still running 60 s after the second SIGINT") from None
         took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
     assert proc.returncode == 130, err
     assert took < 20, f"it ended {took:.0f} s after the second SIGINT"
