@@ -36,7 +36,8 @@ def _cmd(*args: str) -> list[str]:
 @contextmanager
 def _in_own_group(*args: str, cwd: Path) -> Iterator[subprocess.Popen]:
     """``impala ARGS`` in a process group of its own (which finds anything it started), its
-    output piped; killed with its group if it is still running at the end."""
+    output piped; killed with its group if it or anything it started is still running at
+    the end."""
     proc = subprocess.Popen(
         _cmd(*args),
         cwd=cwd,
@@ -49,7 +50,7 @@ def _in_own_group(*args: str, cwd: Path) -> Iterator[subprocess.Popen]:
     try:
         yield proc
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None or _process_group(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 

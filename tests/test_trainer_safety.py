@@ -426,26 +426,13 @@ def test_sigkill_mid_epoch_twice_then_resume_only_moves_forward(tmp_path):
     ]
     seen: list[dict] = []
     for attempt in range(2):
-        proc = subprocess.Popen(
-            _cmd(*commands[min(attempt, 1)]),
-            cwd=tmp_path,
-            env=_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
+        with _in_own_group(*commands[min(attempt, 1)], cwd=tmp_path) as proc:
             target = (seen[-1]["last"]["epoch"] if seen else 0) + 2
             _wait_for_epoch(last, proc, target)
             time.sleep(0.2)  # into the next epoch
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
             assert _wait_for_no_processes(proc.pid) == [], "actors outlived the killed trainer"
-        finally:
-            if proc.poll() is None or _process_group(proc.pid):
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
         seen.append(
             {
                 "last": checkpoint.load(last)["counters"],
