@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -51,7 +51,8 @@ def _in_own_group(*args: str, cwd: Path) -> Iterator[subprocess.Popen]:
         yield proc
     finally:
         if proc.poll() is None or _process_group(proc.pid):
-            os.killpg(proc.pid, signal.SIGKILL)
+            with suppress(ProcessLookupError):  # the group ended meanwhile
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
 

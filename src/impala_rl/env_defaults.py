@@ -207,10 +207,15 @@ def _check_screens_read(cfg: RunConfig) -> None:
     RAM id) before the env is built: the Atari presets' CNN reads screens, and the id form
     gives a game's RAM the settings of a vector env."""
     env_cfg, encoder = cfg.env, cfg.model.encoder
-    game = env_cfg.kwargs.get("game") if env_cfg.id == ATARI_MAKER else env_cfg.id
-    if encoder not in IMAGE_ENCODERS or not isinstance(game, str):
+    if encoder not in IMAGE_ENCODERS:
         return
-    if not (env_cfg.id == ATARI_MAKER or is_ale_id(game)) or not reads_ram(game, env_cfg.kwargs):
+    if env_cfg.id == ATARI_MAKER:
+        game = str(env_cfg.kwargs.get("game", AtariSettings.game))
+    elif is_ale_id(env_cfg.id):
+        game = env_cfg.id
+    else:
+        return
+    if not reads_ram(game, env_cfg.kwargs):
         return
     raise ConfigError(
         f"invalid value for 'model.encoder': {encoder!r} for the RAM of {game} (128 bytes a "
