@@ -118,19 +118,26 @@ def test_the_evaluator_steps_its_envs_as_training_does_with_the_same_episodes():
     assert not multiprocessing.active_children()
 
 
-def _ignores_sigint(pid: int) -> bool:
-    """Whether the process ignores SIGINT (``SigIgn`` in /proc; a process gone: it does not
-    matter, so yes)."""
+def _leaves_its_stop_to_its_parent(pid: int) -> bool:
+    """Whether the process ignores SIGINT and handles or ignores SIGTERM (``SigIgn``, ``SigCgt``
+    in /proc; a process gone: it does not matter, so yes)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return True
-    ignored = next(line for line in status.splitlines() if line.startswith("SigIgn:"))
-    return bool(int(ignored.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    masks = dict(line.split(":", 1) for line in status.splitlines() if line.startswith("Sig"))
+    ignored, caught = int(masks["SigIgn"], 16), int(masks["SigCgt"], 16)
+    return bool(
+        ignored & (1 << (signal.SIGINT - 1)) and (ignored | caught) & (1 << (signal.SIGTERM - 1))
+    )
 
 
-def test_a_ctrl_c_in_a_terminal_stops_a_run_whose_envs_and_evaluation_have_processes(tmp_path):
-    """A terminal's Ctrl-C reaches the whole process group: training's env processes and the
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_whole_group_stops_a_run_whose_envs_and_evaluation_have_processes(
+    tmp_path, signum
+):
+    """A terminal's Ctrl-C reaches the whole process group, and a SIGTERM may too (a ``kill``
+    of the group, Slurm's scancel, systemd's stop): training's env processes and the
     evaluation's (in a process of its own, each env in one) leave it to the learner, so the
     run stops as interrupted, with no worker's traceback and nothing left running."""
     with _in_own_group(
@@ -149,21 +156,22 @@ def test_a_ctrl_c_in_a_terminal_stops_a_run_whose_envs_and_evaluation_have_proce
         cwd=tmp_path,
     ) as proc:
         # the learner, 8 env processes, the evaluation's process and its 10: an evaluation
-        # runs, every env process built (each ignores SIGINT from its env's build on)
+        # runs, every env process built (each takes its signals from its env's build on)
         deadline = time.monotonic() + 180
         while True:
             group = _process_group(proc.pid)
             others = [p for p in group if p != proc.pid]
-            if len(group) >= 20 and all(_ignores_sigint(p) for p in others):
+            if len(group) >= 20 and all(_leaves_its_stop_to_its_parent(p) for p in others):
                 break
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, (
-                "no evaluation with every env process ignoring SIGINT within 180 s"
+                "no evaluation with every env process taking its signals within 180 s"
             )
             time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signum)
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "leaked" not in err, err  # every process closed what it held
     assert json.loads(out)["stopped_because"] == "interrupted"
     assert _process_group(proc.pid) == []

@@ -273,19 +273,28 @@ def _process_group(pgid: int) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 @pytest.mark.parametrize(
-    ("signum", "learners", "backend"),
+    ("signum", "learners", "backend", "to_group"),
     [
-        (signal.SIGINT, 1, "sequential"),
-        (signal.SIGTERM, 1, "sequential"),
-        (signal.SIGINT, 2, "sequential"),
-        (signal.SIGTERM, 1, "ray"),
+        (signal.SIGINT, 1, "sequential", False),
+        (signal.SIGTERM, 1, "sequential", False),
+        (signal.SIGINT, 2, "sequential", False),
+        (signal.SIGTERM, 2, "sequential", True),
+        (signal.SIGTERM, 1, "ray", False),
     ],
-    ids=["SIGINT", "SIGTERM", "SIGINT-2-learners", "SIGTERM-ray"],
+    ids=[
+        "SIGINT",
+        "SIGTERM",
+        "SIGINT-2-learners",
+        "SIGTERM-to-the-group-2-learners",
+        "SIGTERM-ray",
+    ],
 )
-def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, signum, learners, backend):
-    """The signal reaches the process started (learner 0); with two learners it stops both
-    at the same update, and nothing either of them started outlives the run. With Ray,
-    ``ray.init`` must not have replaced the run's SIGTERM handler with its own exit."""
+def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, signum, learners, backend, to_group):
+    """The signal reaches the process started (learner 0), or every process of its group (a
+    ``kill`` of the group, Slurm's scancel, systemd's stop), where the further learner and the
+    actors leave it to the leader; with two learners it stops both at the same update, and
+    nothing either of them started outlives the run. With Ray, ``ray.init`` must not have
+    replaced the run's SIGTERM handler with its own exit."""
     if backend == "ray":
         pytest.importorskip("ray")
     run_dir = tmp_path / "run"
@@ -309,7 +318,10 @@ def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, signum, learners, back
             assert time.monotonic() < deadline, "no checkpoint within 120 s"
             time.sleep(0.1)
         assert proc.pid in _process_group(proc.pid)
-        os.kill(proc.pid, signum)
+        if to_group:
+            os.killpg(proc.pid, signum)
+        else:
+            os.kill(proc.pid, signum)
         out, err = proc.communicate(timeout=60)
 
     assert proc.returncode == 130, err

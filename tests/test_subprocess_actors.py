@@ -348,7 +348,9 @@ def _processes_left(session: int, run_dir: Path) -> list[str]:
 
 
 @time_limit(180)
-@pytest.mark.parametrize("how", ["completed", "sigint_to_group", "sigterm_to_main"])
+@pytest.mark.parametrize(
+    "how", ["completed", "sigint_to_group", "sigterm_to_main", "sigterm_to_group"]
+)
 def test_cli_leaves_no_process_behind_when_it_exits(tmp_path, how):
     """Checked the moment `impala train` exits, not some seconds later, zombies included: the
     forkserver and the resource tracker it started are stopped and joined too (left alone, they
@@ -385,6 +387,8 @@ def test_cli_leaves_no_process_behind_when_it_exits(tmp_path, how):
             os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         elif how == "sigterm_to_main":
             os.kill(proc.pid, signal.SIGTERM)
+        elif how == "sigterm_to_group":  # a `kill` of the group, Slurm's scancel, systemd's stop
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             code = proc.wait(timeout=120 if how == "completed" else 30)
         except subprocess.TimeoutExpired:
@@ -398,6 +402,8 @@ def test_cli_leaves_no_process_behind_when_it_exits(tmp_path, how):
         else:
             assert code == 130, output
             assert summary["stopped_because"] == "interrupted"
+            assert "died" not in output  # the actors were stopped, not lost and restarted
+            assert "Traceback" not in output
         assert not left, f"processes of the run still there when it exited: {left}"
     finally:
         if proc.poll() is None:

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from impala_rl.child_processes import sigterm_twice
+
 log = logging.getLogger(__name__)
 
 # Collectives wait this long for a peer (the first one waits for every learner to build its
@@ -425,14 +427,15 @@ class PeerLearners:
 
     def join(self, timeout_s: float) -> None:
         """Wait for every learner to finish its run; stop those still running after
-        ``timeout_s`` (terminate, then kill), so that none is left."""
+        ``timeout_s`` (SIGTERM twice, the first being notice, then kill), so that none is
+        left."""
         deadline = time.monotonic() + timeout_s
         if self.kind == "process":
             for h in self.handles:
                 h.join(max(0.0, deadline - time.monotonic()))
             for h in self.handles:
                 if h.is_alive():
-                    h.terminate()
+                    sigterm_twice([h])
                     h.join(5.0)
                 if h.is_alive():
                     h.kill()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import multiprocessing as mp
 import pickle
-import signal
 import threading
 import time
 import traceback
@@ -19,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from impala_rl.child_processes import leave_stopping_to_parent, stopped_by_parent
 from impala_rl.decisions import DecisionStreams, LocalActing
 from impala_rl.distributed import main_file_missing
 from impala_rl.envs import make_keyed_vector_env
@@ -265,7 +265,7 @@ class ProcessEvaluator:
             ),
             daemon=True,
         )
-        self._process.start()
+        stopped_by_parent(self._process).start()
         child.close()
 
     @property
@@ -326,7 +326,7 @@ class ProcessEvaluator:
             pass
         process.join(PROCESS_STOP_TIMEOUT_S)
         if process.is_alive():
-            process.terminate()
+            process.kill()  # a SIGTERM would be taken as notice
             process.join()
         self._conn.close()
         self._pending = None
@@ -360,7 +360,7 @@ def _evaluator_main(
     """The evaluation process: each message ``(tag, seed, state_dict)`` is evaluated and
     answered with ``("done", result, seconds)`` (``"cancelled"``, ``"error"`` with the
     traceback); ``None`` ends it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner's process handles Ctrl-C
+    leave_stopping_to_parent()  # the learner handles Ctrl-C and SIGTERM, then stops this
     torch.set_num_threads(1)
     # Daemonic to the learner (stopped at its exit), yet the parent of its envs' processes
     # (``env.vector=async``), which each evaluation closes and joins.

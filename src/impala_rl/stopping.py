@@ -23,6 +23,7 @@ from contextlib import suppress
 from typing import Any, NoReturn
 
 from impala_rl.actors import DistributedActors
+from impala_rl.child_processes import kill_children_left, sigterm_twice
 from impala_rl.helper_processes import stop_helper_processes_quietly
 
 log = logging.getLogger(__name__)
@@ -134,13 +135,16 @@ def end_process(
 ) -> NoReturn:
     """End this process from any thread, as cleanly as a main thread that does not return
     allows: a checkpoint being written is finished first (``saving``), ``actors`` restart no
-    actor, every process this one started (other learners, actors, inference servers) gets
-    SIGTERM and is joined (killed after :data:`CHILDREN_GRACE_S`), then ``os._exit(code)``,
+    actor, those of the processes this one started that take a SIGTERM as notice (actors,
+    inference servers, the evaluation, env workers: :mod:`impala_rl.child_processes`) are
+    killed, the others (other learners) get SIGTERM twice (the first is notice) and are joined
+    (killed after :data:`CHILDREN_GRACE_S`), then ``os._exit(code)``,
     which waits for no thread. Written checkpoints stay as they are: each was renamed into
     place whole."""
     if saving is not None:
         saving.acquire(timeout=60.0)  # held to the end: nothing starts another write
     actors.abandon()
+    kill_children_left(CHILDREN_GRACE_S)
     deadline = time.monotonic() + CHILDREN_GRACE_S
     while children := _live_children():
         if time.monotonic() >= deadline:
@@ -149,9 +153,7 @@ def end_process(
                     child.kill()
                     child.join(CHILDREN_GRACE_S)
             break
-        for child in children:
-            with suppress(Exception):
-                child.terminate()
+        sigterm_twice(children)
         for child in children:
             with suppress(Exception):
                 child.join(max(0.0, deadline - time.monotonic()))

@@ -25,6 +25,7 @@ import torch
 from impala_rl import checkpoint
 from impala_rl.actors import ActorError, CollectedOutputs, DistributedActors, make_actors
 from impala_rl.checkpoint import CheckpointError
+from impala_rl.child_processes import PARENT_STOP_GRACE_S
 from impala_rl.config import (
     ConfigError,
     RunConfig,
@@ -376,8 +377,10 @@ class Trainer:
         """The leader's: Ctrl-C or SIGTERM stops after the update, a second aborts (see
         :meth:`_on_signal`) and ends the process if the run has not ended
         :data:`SECOND_SIGNAL_GRACE_S` later, a third at once. A further learner's: Ctrl-C is
-        the leader's (ignored); SIGTERM (the leader stopping it) ends it at once, with the
-        actors it started: it writes nothing that could be cut short."""
+        the leader's (ignored); a first SIGTERM is notice (one sent to the whole group or job
+        reached the leader too, which stops every learner at the same update), a second one
+        (the leader stopping a learner that did not finish) or :data:`PARENT_STOP_GRACE_S`
+        end it, with the processes it started: it writes nothing that could be cut short."""
         if self.is_leader:
             return SignalWatch(
                 self._on_signal,
@@ -391,7 +394,7 @@ class Trainer:
             lambda signum, frame: None,
             (signal.SIGTERM,),
             end_after=1,
-            grace_s=0.0,
+            grace_s=PARENT_STOP_GRACE_S,
             end=lambda: end_process(128 + signal.SIGTERM, actors),
         )
 

@@ -48,7 +48,6 @@ import copy
 import logging
 import multiprocessing as mp
 import pickle
-import signal
 import threading
 import time
 import traceback
@@ -59,6 +58,7 @@ from typing import Any
 import cloudpickle
 import torch
 
+from impala_rl.child_processes import leave_stopping_to_parent, stopped_by_parent
 from impala_rl.nn import Acted, Model
 from impala_rl.nn.observations import any_tensor, read_obs, write_obs
 from impala_rl.rollout import RolloutSpec, rollout_spec_for
@@ -348,7 +348,7 @@ def _server_main(
     """The inference process: serve the actors whose pipes arrive on ``control``
     (``("actor", index, pipe)``), load each newer version of ``weights`` between two batches,
     stop on ``None`` or when the learner is gone; an error is sent back as text."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process handles Ctrl-C
+    leave_stopping_to_parent()  # the learner handles Ctrl-C and SIGTERM, then stops this
     torch.set_num_threads(1)  # see InferenceProcess
     conns: dict[int, Connection] = {}
     try:
@@ -417,7 +417,7 @@ class InferenceProcess:
             args=(cloudpickle.dumps(model), buffers, str(device), weights, child, seed),
             daemon=True,
         )
-        self.process.start()
+        stopped_by_parent(self.process).start()
         child.close()
         self._expect_ready(start_timeout_s)
 

@@ -38,7 +38,6 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
-import signal
 import threading
 import time
 import traceback
@@ -69,6 +68,11 @@ from impala_rl.actors.supervisor import (
     ActorEvent,
     ActorSupervisor,
 )
+from impala_rl.child_processes import (
+    forkserver_preload,
+    leave_stopping_to_parent,
+    stopped_by_parent,
+)
 from impala_rl.distributed import main_file_missing
 from impala_rl.helper_processes import stop_helper_processes_quietly
 from impala_rl.rollout import ActorLoop, ActorSplits, RolloutSpec
@@ -80,7 +84,7 @@ def start_forkserver() -> None:
     """Start the forkserver (it imports torch and the actor loop once, ~1.5 s, for every actor
     it forks); called early by the trainer, so that this runs on another core while the
     learner is built."""
-    mp.get_context("forkserver").set_forkserver_preload(["impala_rl.rollout"])
+    mp.get_context("forkserver").set_forkserver_preload(forkserver_preload("impala_rl.rollout"))
     forkserver.ensure_running()
     # A script that trains through the library returns with no `impala` command to stop them:
     # at its exit, after multiprocessing has joined its children (priority below 0), the
@@ -174,7 +178,7 @@ def _actor_main(
 ) -> None:
     """One actor process. ``inference`` (central): a pipe to the server per env group
     (``runner.env_splits``), group ``g`` writing request row ``actor_index * groups + g``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process handles Ctrl-C
+    leave_stopping_to_parent()  # the learner handles Ctrl-C and SIGTERM, then stops this
     torch.set_num_threads(1)
     try:
         slots = slot_views(store)
@@ -373,7 +377,7 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
             ),
             daemon=True,
         )
-        process.start()
+        stopped_by_parent(process).start()
         child_conn.close()
         for g, (infer_parent, infer_child) in enumerate(pipes):
             infer_child.close()
@@ -408,7 +412,7 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
         for actor in self.actors:
             if actor.process is not None:
                 if actor.process.is_alive():
-                    actor.process.terminate()
+                    actor.process.kill()  # a SIGTERM would be taken as notice
                 self._unreaped.append(actor.process)
             if actor.conn is not None:
                 actor.conn.close()

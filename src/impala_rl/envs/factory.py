@@ -32,7 +32,6 @@ import logging
 import multiprocessing as mp
 import os
 import re
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +42,11 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
+from impala_rl.child_processes import (
+    forkserver_preload,
+    leave_stopping_to_parent,
+    stopped_by_parent,
+)
 from impala_rl.envs.atari import is_ale_id, is_registered_game
 from impala_rl.envs.images import (
     ConvertedImages,
@@ -559,13 +563,15 @@ class EnvFactory:
             return None
         # A forkserver started here imports the env machinery (torch) once, not each env's
         # process (10 CarRacing envs: 0.3 s to start against 1.0 s); one already running stays.
-        mp.get_context("forkserver").set_forkserver_preload(["impala_rl.envs"])
+        mp.get_context("forkserver").set_forkserver_preload(forkserver_preload("impala_rl.envs"))
         envs = gym.vector.AsyncVectorEnv(
-            [_InterruptIgnoringWorker(self.stepping("python"))] * num_envs,
+            [_StopLeavingWorker(self.stepping("python"))] * num_envs,
             copy=False,
             context="forkserver",
             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
         )
+        for process in envs.processes:
+            stopped_by_parent(process)
         if is_composite(envs.single_action_space):
             return NativeVectorEnv(envs, model_form=True)  # actions batched from the rows'
         return envs
@@ -766,18 +772,19 @@ def _log_image_conversions(env_id: str, env: gym.Env) -> None:
         )
 
 
-class _InterruptIgnoringWorker:
-    """An env factory for ``AsyncVectorEnv``'s worker processes: a Ctrl-C in a terminal reaches
-    the whole process group, and is the learner's to handle (it closes the envs); a worker
-    that took it would die mid-step with Gymnasium's traceback. Built in the process that made
-    it (the vector env's first env, for the spaces), it leaves that process's signals be."""
+class _StopLeavingWorker:
+    """An env factory for ``AsyncVectorEnv``'s worker processes, which leave their stop to the
+    process that steps them (it closes them; see :mod:`impala_rl.child_processes`): one that
+    took a Ctrl-C or a SIGTERM sent to the whole group would die mid-step, and the learner's
+    stop would fail on its pipe. Built in the process that made it (the vector env's first
+    env, for the spaces), it leaves that process's signals be."""
 
     def __init__(self, factory: EnvFactory):
         self.factory, self.parent = factory, os.getpid()
 
     def __call__(self) -> gym.Env:
         if os.getpid() != self.parent:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            leave_stopping_to_parent()
         return self.factory()
 
 

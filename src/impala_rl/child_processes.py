@@ -1,0 +1,97 @@
+"""How the processes a run starts (actors, inference servers, the evaluation, env workers) take
+a signal meant for the run: their stop is the process's that started them.
+
+A terminal's Ctrl-C (SIGINT) reaches the whole process group, and a SIGTERM may too (a ``kill``
+of the group, Slurm's ``scancel``, systemd's stop of a unit). The run stops after its update in
+flight and then stops what it started; a child that had died at once would fail that stop (a
+rollout half stepped, a pipe broken under a close) or be restarted by it. So a child ignores
+SIGINT and takes a first SIGTERM as notice: it goes on until its parent stops it, or ends itself
+:data:`PARENT_STOP_GRACE_S` later, or at a second SIGTERM. A parent that will not wait for
+such a child kills it (:func:`kill_children_left`): a SIGTERM from the parent looks like the
+group's to the child.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing.util  # noqa: F401 (its exit function is registered before ours)
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Iterable
+from contextlib import suppress
+from typing import Any
+
+# After a first SIGTERM, how long a child goes on for its parent to stop it.
+PARENT_STOP_GRACE_S = 20.0
+
+_children: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def leave_stopping_to_parent() -> None:
+    """In a child's main thread, at its start: SIGINT ignored, a first SIGTERM taken as notice
+    (from then on the child prints nothing more: its pipes may close under it), a second one
+    ending it at once."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _first_sigterm)
+
+
+def _first_sigterm(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, _end_now)
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (for the rest of the process)
+    timer = threading.Timer(PARENT_STOP_GRACE_S, os._exit, (128 + signal.SIGTERM,))
+    timer.daemon = True
+    timer.start()
+
+
+def _end_now(signum: int, frame: Any) -> None:
+    os._exit(128 + signal.SIGTERM)
+
+
+def forkserver_preload(*modules: str) -> list[str]:
+    """The forkserver's preload (``set_forkserver_preload``): ``modules``, after the one that
+    keeps the forkserver through a SIGTERM to the whole group
+    (:mod:`impala_rl.forkserver_preload`, which only the forkserver may import)."""
+    return ["impala_rl.forkserver_preload", *modules]
+
+
+def stopped_by_parent(process: Any) -> Any:
+    """Note ``process`` (a started ``multiprocessing`` process that called
+    :func:`leave_stopping_to_parent`) as one to kill, not SIGTERM, where this process will not
+    wait for it; returns it."""
+    _children.add(process)
+    return process
+
+
+def kill_children_left(timeout: float = 5.0) -> None:
+    """Kill and join the noted children still running (this process is ending without
+    stopping them: a SIGTERM would be taken as notice). At exit it runs before
+    ``multiprocessing``'s, which would SIGTERM its daemonic children and join them."""
+    left = []
+    for process in list(_children):
+        with suppress(Exception):
+            if process.is_alive():
+                process.kill()
+                left.append(process)
+    for process in left:
+        with suppress(Exception):
+            process.join(timeout)
+
+
+def sigterm_twice(processes: Iterable[Any], gap_s: float = 0.2) -> None:
+    """SIGTERM to each of ``processes``, then again ``gap_s`` later: one that takes a first
+    SIGTERM as notice and ends at a second (a further learner, which stops its own processes
+    first) ends now."""
+    processes = list(processes)
+    for attempt in range(2):
+        if attempt:
+            time.sleep(gap_s)  # two signals pending at once would be taken as one
+        for process in processes:
+            with suppress(Exception):
+                process.terminate()
+
+
+atexit.register(kill_children_left)

@@ -1,0 +1,25 @@
+"""Imported by the forkserver that starts a run's processes, before the rest of its preload
+(:func:`impala_rl.child_processes.forkserver_preload`; nothing else may import it): a SIGTERM
+sent to the whole group (a ``kill`` of the group, Slurm's ``scancel``, systemd's stop) is the
+run's to handle. A forkserver that died of it would look to the run as if every process it
+started had died (their exit codes come through it). The run stops the forkserver when it ends
+(:mod:`impala_rl.helper_processes`); a process forked from it takes SIGTERM as it would have
+(:mod:`impala_rl.child_processes`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+_FORKSERVER = os.getpid()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    if os.getpid() == _FORKSERVER:
+        return  # the run stops it
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a process forked from it: as by default
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+signal.signal(signal.SIGTERM, _on_sigterm)
