@@ -1,0 +1,75 @@
+"""A process the run starts takes a first SIGTERM as notice: its parent stops it."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+from typing import Any
+
+from impala_rl.child_processes import (
+    kill_children_left,
+    leave_stopping_to_parent,
+    sigterm_twice,
+    stopped_by_parent,
+)
+
+
+def _child(ready: Any, noticed: Any) -> None:
+    leave_stopping_to_parent()
+    ready.set()
+    while True:
+        time.sleep(0.05)
+        # a first SIGTERM's handler puts the one that ends the process at once in its place
+        if getattr(signal.getsignal(signal.SIGTERM), "__name__", "") == "_end_now":
+            noticed.set()
+
+
+def _start() -> tuple[mp.Process, Any]:
+    """A spawned child that called :func:`leave_stopping_to_parent`, and the event it sets once
+    it has taken a SIGTERM as notice."""
+    ctx = mp.get_context("spawn")
+    ready, noticed = ctx.Event(), ctx.Event()
+    process = ctx.Process(target=_child, args=(ready, noticed), daemon=True)
+    process.start()
+    assert ready.wait(60), "the child did not start within 60 s"
+    return process, noticed
+
+
+def _wait_exit(process: mp.Process, timeout: float = 30.0) -> None:
+    process.join(timeout)
+    assert process.exitcode is not None, f"still running {timeout:g} s later"
+
+
+def test_a_first_sigterm_is_notice_and_a_second_ends_the_process():
+    process, noticed = _start()
+    try:
+        os.kill(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: ignored
+        os.kill(process.pid, signal.SIGTERM)
+        assert noticed.wait(30), "the first SIGTERM was not taken as notice within 30 s"
+        assert process.is_alive()
+        os.kill(process.pid, signal.SIGTERM)
+        _wait_exit(process)
+        assert process.exitcode == 128 + signal.SIGTERM
+    finally:
+        process.kill()
+        process.join()
+
+
+def test_a_parent_that_will_not_wait_ends_its_children_at_once():
+    noted, _ = _start()
+    stopped_by_parent(noted)
+    other, _ = _start()
+    try:
+        kill_children_left()  # what a learner ending itself, or at its exit, does
+        _wait_exit(noted, 10.0)
+        assert noted.exitcode == -signal.SIGKILL
+        assert other.is_alive()  # not noted: left to sigterm_twice
+        sigterm_twice([other])
+        _wait_exit(other)
+        assert other.exitcode == 128 + signal.SIGTERM
+    finally:
+        for process in (noted, other):
+            process.kill()
+            process.join()
