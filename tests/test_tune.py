@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -207,6 +208,64 @@ def test_a_study_killed_with_sigkill_resumes_with_its_finished_trials(tmp_path):
     # each trial is an ordinary run directory
     trial_dir = next((study_dir / "trials").glob("*/seed0"))
     assert (trial_dir / "checkpoints" / "last.pt").is_file()
+
+
+def test_a_study_stopped_with_ctrl_c_says_so_and_continues_its_stopped_trial(tmp_path):
+    """Ctrl-C (to the tuner's whole group, as a terminal sends it) stops the running trial's
+    run at a checkpoint: the table says ``stopped``, not ``fail``, with no traceback of
+    Optuna's; the same command again runs that trial on from its checkpoint, with its values."""
+    study_dir = tmp_path / "study"
+    tuner = subprocess.Popen(
+        _tune(study_dir, 2, "--steps=12000", "algorithm.epoch_length=1"),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _wait_for(
+            lambda: (
+                tuner.poll() is not None
+                or list(study_dir.glob("trials/*/seed0/checkpoints/last.pt"))
+            ),
+            what="a checkpoint of the first trial's run",
+        )
+        assert tuner.poll() is None, tuner.communicate()
+        os.killpg(tuner.pid, signal.SIGINT)
+        out, err = tuner.communicate(timeout=120)
+    finally:
+        if tuner.poll() is None:
+            os.killpg(tuner.pid, signal.SIGKILL)
+            tuner.wait()
+    assert tuner.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "failed" not in err, err[-3000:]
+    with (study_dir / "trials.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    stopped = [r for r in rows if r["state"] == "stopped"]
+    assert len(stopped) == 1 and not stopped[0]["error"], rows
+    waiting = [r for r in rows if r["state"] == "waiting"]  # the same values, the same run
+    assert [(r["algorithm.lr"], r["run_dir"]) for r in waiting] == [
+        (stopped[0]["algorithm.lr"], stopped[0]["run_dir"])
+    ], rows
+    run_dir = study_dir / "trials" / stopped[0]["run_dir"] / "seed0"
+    steps_at_stop = json.loads((run_dir / "summary.json").read_text())["env_steps"]
+    assert steps_at_stop < 12000
+
+    proc = subprocess.run(
+        _tune(study_dir, 2, "--steps=12000", "algorithm.epoch_length=1"),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    finished = _finished_trials(study_dir)
+    assert len(finished) == 2
+    lr = float(stopped[0]["algorithm.lr"])
+    assert any(params["algorithm.lr"] == pytest.approx(lr) for _, params in finished.values())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= 12000  # went on from the checkpoint, in the same directory
 
 
 def test_a_rerun_with_other_settings_is_refused(tmp_path):

@@ -237,10 +237,12 @@ class _Progress:
                     f"trial {trial.number} failed: {trial.user_attrs['error']}"
                 )
         else:
+            from impala_rl.tune.report import trial_state
+
             value = "-" if trial.value is None else f"{trial.value:.4g}"
             error = trial.user_attrs.get("error")
             print(
-                f"trial {trial.number} {trial.state.name.lower()} {value}; "
+                f"trial {trial.number} {trial_state(trial)} {value}; "
                 f"{done}/{self.total} finished; {best}" + (f"\n  {error}" if error else ""),
                 file=sys.stderr,
                 flush=True,

@@ -14,16 +14,25 @@ from impala_rl.tune.runs import finite
 from impala_rl.tune.space import Param, overrides_of
 
 
+def trial_state(trial: Any) -> str:
+    """Optuna's state of ``trial`` in lower case, ``stopped`` for one that the tuner's stop
+    ended (Optuna's ``fail``: it runs again, resumed, when the study continues)."""
+    state = trial.state.name.lower()
+    return "stopped" if state == "fail" and trial.user_attrs.get("stopped") else state
+
+
 def trial_rows(study: Any, space: list[Param], maximize: bool = True) -> list[dict[str, Any]]:
     """One row per trial, best first (trials without a value last): number, state, value,
     each parameter's value, the run directory, and why a failed trial failed."""
     rows = []
     for t in study.get_trials(deepcopy=False):
-        row: dict[str, Any] = {"trial": t.number, "state": t.state.name.lower(), "value": t.value}
+        row: dict[str, Any] = {"trial": t.number, "state": trial_state(t), "value": t.value}
+        # a trial queued to run again (stopped before) has its values and run directory fixed
+        params = t.params or t.system_attrs.get("fixed_params", {})
         for p in space:
-            raw = t.params.get(p.key)
+            raw = params.get(p.key)
             row[p.key] = p.choices[raw] if p.kind == "choice" and raw is not None else raw
-        row["run_dir"] = t.user_attrs.get("run_dir", "")
+        row["run_dir"] = t.user_attrs.get("run_dir") or t.user_attrs.get("resume_from", "")
         row["error"] = t.user_attrs.get("error", "")
         rows.append(row)
 

@@ -107,6 +107,26 @@ class _Stopped(Exception):
     """The tuner is stopping (Ctrl-C, SIGTERM): the trial's runs were stopped and checkpointed."""
 
 
+class _QuietStops(logging.Filter):
+    """Optuna logs a trial that raised as failed, with the traceback: for a trial that the
+    tuner's stop ended (:class:`_Stopped`) neither line says anything true (the table says
+    ``stopped``; the trial runs again when the study continues)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith("Trial "):
+            return True
+        number = message.split()[1]
+        if record.exc_info and isinstance(record.exc_info[1], _Stopped):
+            self.stopped.add(number)
+            return False
+        return not (number in self.stopped and " failed with value " in message)
+
+
 class Study:
     """A study in ``settings.study_dir``: create or continue it, run its trials, report."""
 
@@ -196,6 +216,8 @@ class Study:
             previous = {
                 s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)
             }
+            optuna_log, quiet = logging.getLogger("optuna.study._optimize"), _QuietStops()
+            optuna_log.addFilter(quiet)
             try:
                 if self.s.ray or self.ray_address is not None:
                     self._run_on_ray(study, progress)
@@ -215,6 +237,7 @@ class Study:
                 for s, handler in previous.items():
                     signal.signal(s, handler)
                 self._stop_runs()
+                optuna_log.removeFilter(quiet)
             self._requeue(study)
             return study
         finally:
