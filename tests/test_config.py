@@ -168,6 +168,8 @@ def test_wrong_types_name_the_field(override, field, type_name):
     msg = str(info.value)
     assert f"'{field}'" in msg
     assert type_name in msg.lower()
+    if field in RULES:  # and what is valid there
+        assert msg.endswith(f"; valid: {RULES[field].valid}")
 
 
 @pytest.mark.parametrize(

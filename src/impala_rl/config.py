@@ -638,7 +638,8 @@ def _omegaconf_message(exc: OmegaConfBaseException, key_hint: str | None = None)
         hint = did_you_mean(key.rsplit(".", 1)[-1], valid) if key else ""
         return f"unknown config key {key!r}{hint}; valid keys here are: {', '.join(valid)}"
     if key:
-        return f"invalid value for {key!r}: {msg}"
+        rule = RULES.get(key)
+        return f"invalid value for {key!r}: {msg}" + (f"; valid: {rule.valid}" if rule else "")
     return msg
 
 
