@@ -20,7 +20,7 @@ from impala_rl.config import ConfigError
 from impala_rl.tune.pbt import Population, PopulationSettings, copy_checkpoints
 from impala_rl.tune.space import parse_param, parse_space
 from impala_rl.tune.study import STUDY_NAME, StudySettings, check_settings
-from test_cli import _env
+from test_cli import _env, _in_own_group
 
 optuna = pytest.importorskip("optuna")
 
@@ -215,15 +215,8 @@ def test_a_study_stopped_with_ctrl_c_says_so_and_continues_its_stopped_trial(tmp
     run at a checkpoint: the table says ``stopped``, not ``fail``, with no traceback of
     Optuna's; the same command again runs that trial on from its checkpoint, with its values."""
     study_dir = tmp_path / "study"
-    tuner = subprocess.Popen(
-        _tune(study_dir, 2, "--steps=12000", "algorithm.epoch_length=1"),
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    command = _tune(study_dir, 2, "--steps=12000", "algorithm.epoch_length=1")
+    with _in_own_group(*command[command.index("tune") :], cwd=tmp_path) as tuner:
         _wait_for(
             lambda: (
                 tuner.poll() is not None
@@ -234,10 +227,6 @@ def test_a_study_stopped_with_ctrl_c_says_so_and_continues_its_stopped_trial(tmp
         assert tuner.poll() is None, tuner.communicate()
         os.killpg(tuner.pid, signal.SIGINT)
         out, err = tuner.communicate(timeout=120)
-    finally:
-        if tuner.poll() is None:
-            os.killpg(tuner.pid, signal.SIGKILL)
-            tuner.wait()
     assert tuner.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "failed" not in err, err[-3000:]
     with (study_dir / "trials.csv").open() as f:
