@@ -73,3 +73,44 @@ def test_a_parent_that_will_not_wait_ends_its_children_at_once():
         for process in (noted, other):
             process.kill()
             process.join()
+
+
+def _answer_then_sleep(answer: Any) -> None:
+    answer.send((signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM).__name__))
+    time.sleep(600)
+
+
+def test_a_process_of_the_runs_forkserver_ignores_ctrl_c_from_its_start_and_dies_of_sigterm():
+    """What the forkserver preloads: its children ignore SIGINT before they run a line of their
+    own, and a SIGTERM still ends one that has not said how to take it; the forkserver itself
+    outlives a SIGTERM (the run stops it)."""
+    from multiprocessing import forkserver
+
+    from impala_rl.child_processes import forkserver_preload
+    from impala_rl.helper_processes import stop_forkserver
+
+    stop_forkserver()  # one started by an earlier test, without this preload
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(forkserver_preload())
+    children = []
+    try:
+        for _ in range(2):  # the second after a SIGTERM to the forkserver
+            mine, theirs = ctx.Pipe()
+            children.append(ctx.Process(target=_answer_then_sleep, args=(theirs,)))
+            children[-1].start()
+            assert mine.poll(60), "no answer from the child within 60 s"
+            assert mine.recv() == (signal.SIG_IGN, "_on_sigterm")
+            if len(children) == 1:
+                server = forkserver._forkserver._forkserver_pid
+                os.kill(server, signal.SIGTERM)
+        assert forkserver._forkserver._forkserver_pid == server  # not started again
+        for child in children:
+            os.kill(child.pid, signal.SIGTERM)
+            _wait_exit(child)
+            assert child.exitcode == -signal.SIGTERM
+    finally:
+        for child in children:
+            child.kill()
+            child.join()
+        ctx.set_forkserver_preload([])
+        stop_forkserver()

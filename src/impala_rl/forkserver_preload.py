@@ -1,10 +1,16 @@
 """Imported by the forkserver that starts a run's processes, before the rest of its preload
-(:func:`impala_rl.child_processes.forkserver_preload`; nothing else may import it): a SIGTERM
-sent to the whole group (a ``kill`` of the group, Slurm's ``scancel``, systemd's stop) is the
-run's to handle. A forkserver that died of it would look to the run as if every process it
-started had died (their exit codes come through it). The run stops the forkserver when it ends
-(:mod:`impala_rl.helper_processes`); a process forked from it takes SIGTERM as it would have
-(:mod:`impala_rl.child_processes`)."""
+(:func:`impala_rl.child_processes.forkserver_preload`; nothing else may import it): a signal
+sent to the whole group (a terminal's Ctrl-C; a ``kill`` of the group, Slurm's ``scancel``,
+systemd's stop) is the run's to handle.
+
+- SIGTERM: a forkserver that died of it would look to the run as if every process it started
+  had died (their exit codes come through it). The run stops the forkserver when it ends
+  (:mod:`impala_rl.helper_processes`); a process forked from it takes SIGTERM as it would have,
+  until it says otherwise (:mod:`impala_rl.child_processes`), save one that reaches it as it is
+  forked, before its interpreter runs: Python drops a signal pending there.
+- SIGINT: the forkserver ignores it anyway, and gives its children the handler it found when
+  it started, this one: so they ignore a Ctrl-C from their first instruction, not only from
+  the moment they ignore it themselves (a Ctrl-C in between killed an actor as it started)."""
 
 from __future__ import annotations
 
@@ -23,3 +29,4 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 signal.signal(signal.SIGTERM, _on_sigterm)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
