@@ -291,9 +291,9 @@ def _process_group(pgid: int) -> list[int]:
 )
 def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, signum, learners, backend, to_group):
     """The signal reaches the process started (learner 0), or every process of its group (a
-    ``kill`` of the group, Slurm's scancel, systemd's stop), where the further learner and the
-    actors leave it to the leader; with two learners it stops both at the same update, and
-    nothing either of them started outlives the run. With Ray, ``ray.init`` must not have
+    ``kill`` of the group, Slurm's scancel, systemd's stop), where the further learner leaves
+    it to the leader; with two learners it stops both at the same update, and nothing either
+    of them started outlives the run. With Ray, ``ray.init`` must not have
     replaced the run's SIGTERM handler with its own exit."""
     if backend == "ray":
         pytest.importorskip("ray")
