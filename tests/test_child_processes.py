@@ -86,12 +86,12 @@ def test_a_process_of_the_runs_forkserver_ignores_ctrl_c_from_its_start_and_dies
     outlives a SIGTERM (the run stops it)."""
     from multiprocessing import forkserver
 
-    from impala_rl.child_processes import forkserver_preload
+    from impala_rl.child_processes import preload_forkserver
     from impala_rl.helper_processes import stop_forkserver
 
     stop_forkserver()  # one started by an earlier test, without this preload
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(forkserver_preload())
+    preload_forkserver()
     children = []
     try:
         for _ in range(2):  # the second after a SIGTERM to the forkserver

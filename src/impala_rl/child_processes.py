@@ -14,7 +14,8 @@ group's to the child.
 from __future__ import annotations
 
 import atexit
-import multiprocessing.util  # noqa: F401 (its exit function is registered before ours)
+import multiprocessing
+import multiprocessing.util  # its exit function is registered before ours
 import os
 import signal
 import sys
@@ -51,11 +52,13 @@ def _end_now(signum: int, frame: Any) -> None:
     os._exit(128 + signal.SIGTERM)
 
 
-def forkserver_preload(*modules: str) -> list[str]:
-    """The forkserver's preload (``set_forkserver_preload``): ``modules``, after the one that
-    keeps the forkserver through a SIGTERM to the whole group
+def preload_forkserver(*modules: str) -> None:
+    """What a forkserver started from now on imports before it forks: ``modules``, after the
+    one that keeps the forkserver through a SIGTERM to the whole group
     (:mod:`impala_rl.forkserver_preload`, which only the forkserver may import)."""
-    return ["impala_rl.forkserver_preload", *modules]
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        ["impala_rl.forkserver_preload", *modules]
+    )
 
 
 def stopped_by_parent(process: Any) -> Any:

@@ -1,5 +1,5 @@
 """Imported by the forkserver that starts a run's processes, before the rest of its preload
-(:func:`impala_rl.child_processes.forkserver_preload`; nothing else may import it): a signal
+(:func:`impala_rl.child_processes.preload_forkserver`; nothing else may import it): a signal
 sent to the whole group (a terminal's Ctrl-C; a ``kill`` of the group, Slurm's ``scancel``,
 systemd's stop) is the run's to handle.
 

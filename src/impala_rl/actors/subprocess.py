@@ -69,8 +69,8 @@ from impala_rl.actors.supervisor import (
     ActorSupervisor,
 )
 from impala_rl.child_processes import (
-    forkserver_preload,
     leave_stopping_to_parent,
+    preload_forkserver,
     stopped_by_parent,
 )
 from impala_rl.distributed import main_file_missing
@@ -84,7 +84,7 @@ def start_forkserver() -> None:
     """Start the forkserver (it imports torch and the actor loop once, ~1.5 s, for every actor
     it forks); called early by the trainer, so that this runs on another core while the
     learner is built."""
-    mp.get_context("forkserver").set_forkserver_preload(forkserver_preload("impala_rl.rollout"))
+    preload_forkserver("impala_rl.rollout")
     forkserver.ensure_running()
     # A script that trains through the library returns with no `impala` command to stop them:
     # at its exit, after multiprocessing has joined its children (priority below 0), the

@@ -29,7 +29,6 @@ import importlib
 import importlib.util
 import inspect
 import logging
-import multiprocessing as mp
 import os
 import re
 import sys
@@ -43,8 +42,8 @@ import gymnasium as gym
 import numpy as np
 
 from impala_rl.child_processes import (
-    forkserver_preload,
     leave_stopping_to_parent,
+    preload_forkserver,
     stopped_by_parent,
 )
 from impala_rl.envs.atari import is_ale_id, is_registered_game
@@ -563,7 +562,7 @@ class EnvFactory:
             return None
         # A forkserver started here imports the env machinery (torch) once, not each env's
         # process (10 CarRacing envs: 0.3 s to start against 1.0 s); one already running stays.
-        mp.get_context("forkserver").set_forkserver_preload(forkserver_preload("impala_rl.envs"))
+        preload_forkserver("impala_rl.envs")
         envs = gym.vector.AsyncVectorEnv(
             [_StopLeavingWorker(self.stepping("python"))] * num_envs,
             copy=False,
