@@ -6,7 +6,10 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from impala_rl.child_processes import (
     kill_children_left,
@@ -76,22 +79,39 @@ def test_a_parent_that_will_not_wait_ends_its_children_at_once():
 
 
 def _answer_then_sleep(answer: Any) -> None:
-    answer.send((signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM).__name__))
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGHUP)
+    answer.send((*handlers, signal.getsignal(signal.SIGTERM).__name__))
     time.sleep(600)
 
 
-def test_a_process_of_the_runs_forkserver_ignores_ctrl_c_from_its_start_and_dies_of_sigterm():
-    """What the forkserver preloads: its children ignore SIGINT before they run a line of their
-    own, and a SIGTERM still ends one that has not said how to take it; the forkserver itself
-    outlives a SIGTERM (the run stops it)."""
+def _blocked_signals(pid: int) -> int:
+    """The mask of signals process ``pid`` blocks (its main thread's)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(
+        next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+def test_a_process_of_the_runs_forkserver_ignores_ctrl_c_and_hangup_from_its_start():
+    """What the forkserver preloads: its children ignore SIGINT and SIGHUP before they run a
+    line of their own, and a SIGTERM still ends one that has not said how to take it; the
+    forkserver itself, started with SIGHUP blocked as the run starts it, outlives a SIGTERM
+    and a hangup (the run stops it)."""
     from multiprocessing import forkserver
 
     from impala_rl.child_processes import preload_forkserver
+    from impala_rl.group_signals import hangup_blocked
     from impala_rl.helper_processes import stop_forkserver
 
     stop_forkserver()  # one started by an earlier test, without this preload
     ctx = mp.get_context("forkserver")
     preload_forkserver()
+    with hangup_blocked():
+        forkserver.ensure_running()
+    assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGHUP}  # here: restored
+    server = forkserver._forkserver._forkserver_pid
+    assert _blocked_signals(server) & 1 << (signal.SIGHUP - 1)
     children = []
     try:
         for _ in range(2):  # the second after a SIGTERM to the forkserver
@@ -99,10 +119,10 @@ def test_a_process_of_the_runs_forkserver_ignores_ctrl_c_from_its_start_and_dies
             children.append(ctx.Process(target=_answer_then_sleep, args=(theirs,)))
             children[-1].start()
             assert mine.poll(60), "no answer from the child within 60 s"
-            assert mine.recv() == (signal.SIG_IGN, "_on_sigterm")
+            assert mine.recv() == (signal.SIG_IGN, signal.SIG_IGN, "_on_sigterm")
             if len(children) == 1:
-                server = forkserver._forkserver._forkserver_pid
                 os.kill(server, signal.SIGTERM)
+                os.kill(server, signal.SIGHUP)
         assert forkserver._forkserver._forkserver_pid == server  # not started again
         for child in children:
             os.kill(child.pid, signal.SIGTERM)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -34,18 +36,16 @@ def _cmd(*args: str) -> list[str]:
 
 
 @contextmanager
-def _in_own_group(*args: str, cwd: Path) -> Iterator[subprocess.Popen]:
+def _in_own_group(*args: str, cwd: Path, **popen: Any) -> Iterator[subprocess.Popen]:
     """``impala ARGS`` in a process group of its own (which finds anything it started), its
-    output piped; killed with its group if it or anything it started is still running at
-    the end."""
+    output piped unless ``popen`` says otherwise; killed with its group if it or anything it
+    started is still running at the end."""
     proc = subprocess.Popen(
         _cmd(*args),
         cwd=cwd,
         env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
         start_new_session=True,
+        **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen},
     )
     try:
         yield proc
@@ -334,6 +334,118 @@ def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, signum, learners, back
     assert data["counters"]["env_steps"] == summary["env_steps"]
     assert summary["updates"] >= 2  # at least the epoch that wrote the first checkpoint
     # Nothing it started outlives it.
+    assert _process_group(proc.pid) == []
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, read_fd: int | None = None) -> None:
+    """Wait until ``path`` exists (a busy machine: a learner process starts slowly), reading
+    what the run writes to ``read_fd`` meanwhile (a terminal's buffer that fills up would
+    stop it)."""
+    deadline = time.monotonic() + 120
+    while not path.is_file():
+        assert proc.poll() is None, f"the run ended with code {proc.returncode}"
+        assert time.monotonic() < deadline, f"no {path.name} within 120 s"
+        if read_fd is None:
+            time.sleep(0.1)
+        elif select.select([read_fd], [], [], 0.1)[0]:
+            with suppress(OSError):
+                os.read(read_fd, 1 << 16)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.parametrize(
+    ("learners", "backend"),
+    [(1, "subprocess"), (2, "sequential")],
+    ids=["subprocess", "2-learners"],
+)
+def test_a_closed_terminal_stops_a_run_cleanly_with_a_checkpoint(tmp_path, learners, backend):
+    """The terminal a run writes its live progress to closes (a dropped ssh session, a closed
+    window): writes to it fail from then on, and its shell sends SIGHUP to the run's whole
+    group. The run stops as on Ctrl-C (a final checkpoint and its summary, exit code 130), its
+    actors, forkserver and further learner leave the stop to it, and nothing it started
+    outlives it. Before, the run died of the signal with its last epoch's work lost."""
+    import pty
+
+    run_dir = tmp_path / "run"
+    last = run_dir / "checkpoints" / "last.pt"
+    master, terminal = pty.openpty()
+    try:
+        with _in_own_group(
+            "train",
+            "cartpole",
+            "--run-dir",
+            str(run_dir),
+            "target_return=null",
+            "max_env_steps=1000000000",
+            "algorithm.epoch_length=2",
+            f"algorithm.num_learners={learners}",
+            f"runner.backend={backend}",
+            "log.tensorboard=false",
+            cwd=tmp_path,
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+        ) as proc:
+            os.close(terminal)
+            terminal = -1
+            _wait_for(last, proc, read_fd=master)
+            os.close(master)  # the terminal is gone
+            master = -1
+            os.killpg(proc.pid, signal.SIGHUP)
+            proc.wait(timeout=60)
+    finally:
+        for fd in (master, terminal):
+            if fd >= 0:
+                os.close(fd)
+
+    assert proc.returncode == 130
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_because"] == "interrupted"
+    data = checkpoint.load(last)
+    assert data["counters"]["updates"] == summary["updates"] >= 2
+    assert _process_group(proc.pid) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_a_run_started_under_nohup_trains_on_through_a_hangup(tmp_path):
+    """``nohup`` ignores SIGHUP before the run starts: the run keeps it ignored and trains on
+    through a hangup of its group (more epochs written after it), and stops at Ctrl-C, its
+    output in the files it was sent to."""
+    run_dir = tmp_path / "run"
+    out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    with (
+        out_path.open("w") as out,
+        err_path.open("w") as err,
+        _in_own_group(
+            "train",
+            "cartpole",
+            "--run-dir",
+            str(run_dir),
+            "target_return=null",
+            "max_env_steps=1000000000",
+            "algorithm.epoch_length=2",
+            *QUIET,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=err,
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+        ) as proc,
+    ):
+        metrics = run_dir / "metrics.jsonl"
+        _wait_for(metrics, proc)
+        os.killpg(proc.pid, signal.SIGHUP)
+        epochs_then = len(metrics.read_text().splitlines())
+        deadline = time.monotonic() + 120
+        while len(metrics.read_text().splitlines()) < epochs_then + 3:
+            assert proc.poll() is None, err_path.read_text()
+            assert time.monotonic() < deadline, "no further epoch within 120 s"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+
+    assert proc.returncode == 130, err_path.read_text()
+    assert "Traceback" not in err_path.read_text()
+    assert json.loads(out_path.read_text())["stopped_because"] == "interrupted"
     assert _process_group(proc.pid) == []
 
 

@@ -1,14 +1,17 @@
 """How the processes a run starts (actors, inference servers, the evaluation, env workers) take
 a signal meant for the run: their stop is the process's that started them.
 
-A terminal's Ctrl-C (SIGINT) reaches the whole process group, and a SIGTERM may too (a ``kill``
-of the group, Slurm's ``scancel``, systemd's stop of a unit). The run stops after its update in
-flight and then stops what it started; a child that had died at once would fail that stop (a
-rollout half stepped, a pipe broken under a close) or be restarted by it. So a child ignores
-SIGINT and takes a first SIGTERM as notice: it goes on until its parent stops it, or ends itself
+A terminal's Ctrl-C (SIGINT) reaches the whole process group, so does its hangup (SIGHUP, the
+terminal closed), and a SIGTERM may too (a ``kill`` of the group, Slurm's ``scancel``,
+systemd's stop of a unit). The run stops after its update in flight and then stops what it
+started; a child that had died at once would fail that stop (a rollout half stepped, a pipe
+broken under a close) or be restarted by it. So a child ignores SIGINT and SIGHUP and takes a
+first SIGTERM as notice: it goes on until its parent stops it, or ends itself
 :data:`PARENT_STOP_GRACE_S` later, or at a second SIGTERM. A parent that will not wait for
 such a child kills it (:func:`kill_children_left`): a SIGTERM from the parent looks like the
-group's to the child.
+group's to the child. A process is started with SIGHUP blocked
+(:func:`impala_rl.group_signals.hangup_blocked`), so that a hangup cannot end it before it
+ignores SIGHUP.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from collections.abc import Iterable
 from contextlib import suppress
 from typing import Any
 
+from impala_rl.group_signals import hangup_blocked, ignore_group_signals
+
 # After a first SIGTERM, how long a child goes on for its parent to stop it.
 PARENT_STOP_GRACE_S = 20.0
 
@@ -33,10 +38,10 @@ _children: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def leave_stopping_to_parent() -> None:
-    """In a child's main thread, at its start: SIGINT ignored, a first SIGTERM taken as notice
-    (from then on the child prints nothing more: its pipes may close under it), a second one
-    ending it at once."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """In a child's main thread, at its start: SIGINT and SIGHUP ignored, a first SIGTERM taken
+    as notice (from then on the child prints nothing more: its pipes may close under it), a
+    second one ending it at once."""
+    ignore_group_signals()
     signal.signal(signal.SIGTERM, _first_sigterm)
 
 
@@ -66,6 +71,16 @@ def stopped_by_parent(process: Any) -> Any:
     :func:`leave_stopping_to_parent`) as one to kill, not SIGTERM, where this process will not
     wait for it; returns it."""
     _children.add(process)
+    return process
+
+
+def start_child(process: Any) -> Any:
+    """Start ``process`` (a ``multiprocessing`` process that calls
+    :func:`leave_stopping_to_parent`) with SIGHUP blocked (:func:`hangup_blocked`), noted as
+    one to kill where this process will not wait for it (:func:`stopped_by_parent`); returns
+    it."""
+    with hangup_blocked():
+        stopped_by_parent(process).start()
     return process
 
 

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from impala_rl.child_processes import sigterm_twice
+from impala_rl.group_signals import hangup_blocked
 
 log = logging.getLogger(__name__)
 
@@ -483,7 +484,8 @@ def start_peer_learners(
             args=(writer, target, args_of(rank)),
             name=f"impala-learner-{rank}",
         )
-        p.start()
+        with hangup_blocked():  # until it ignores SIGHUP (the leader's, as Ctrl-C)
+            p.start()
         writer.close()  # the learner's end: its exit closes the pipe
         procs.append(p)
         started.append(reader)

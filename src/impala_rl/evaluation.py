@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from impala_rl.child_processes import leave_stopping_to_parent, stopped_by_parent
+from impala_rl.child_processes import leave_stopping_to_parent, start_child
 from impala_rl.decisions import DecisionStreams, LocalActing
 from impala_rl.distributed import main_file_missing
 from impala_rl.envs import make_keyed_vector_env
@@ -265,7 +265,7 @@ class ProcessEvaluator:
             ),
             daemon=True,
         )
-        stopped_by_parent(self._process).start()
+        start_child(self._process)
         child.close()
 
     @property

@@ -10,7 +10,9 @@ systemd's stop) is the run's to handle.
   forked, before its interpreter runs: Python drops a signal pending there.
 - SIGINT: the forkserver ignores it anyway, and gives its children the handler it found when
   it started, this one: so they ignore a Ctrl-C from their first instruction, not only from
-  the moment they ignore it themselves (a Ctrl-C in between killed an actor as it started)."""
+  the moment they ignore it themselves (a Ctrl-C in between killed an actor as it started).
+- SIGHUP (the terminal closed): ignored by the forkserver and its children alike, as the run's
+  processes ignore it (:func:`impala_rl.child_processes.ignore_group_signals`)."""
 
 from __future__ import annotations
 
@@ -30,3 +32,5 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 signal.signal(signal.SIGTERM, _on_sigterm)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
+if hasattr(signal, "SIGHUP"):
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -29,6 +29,7 @@ from impala_rl.distributed import (
     start_peer_learners,
 )
 from impala_rl.envs.factory import carry_session_callables, session_callables
+from impala_rl.group_signals import ignore_group_signals
 from impala_rl.learner import Learner
 
 
@@ -181,13 +182,14 @@ def run_peer_learner(
     session: bytes | None = None,
 ) -> None:
     """A further learner's process (or Ray actor): its own actors, the leader's decisions.
-    Ctrl-C reaches the leader, which stops every learner at the same update; SIGTERM (the
-    leader stopping a learner that did not finish) stops its actors and ends it, even while
-    it waits in a collective (see ``Trainer._signal_watch``). An error in ``user_errors``
-    ends it with exit code 1: the leader's one line names it. ``session``: the callables of
-    the leader's interactive session that the config names (:func:`session_callables`)."""
+    Ctrl-C or a hangup reaches the leader, which stops every learner at the same update;
+    SIGTERM (the leader stopping a learner that did not finish) stops its actors and ends it,
+    even while it waits in a collective (see ``Trainer._signal_watch``). An error in
+    ``user_errors`` ends it with exit code 1: the leader's one line names it. ``session``: the
+    callables of the leader's interactive session that the config names
+    (:func:`session_callables`)."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        ignore_group_signals()  # the leader's: Ctrl-C, the terminal's hangup
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         carry_session_callables(session)

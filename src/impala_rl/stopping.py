@@ -1,10 +1,11 @@
 """How a run stops: a signal watched from a thread of its own, and a process that ends itself.
 
-Ctrl-C (SIGINT) or SIGTERM asks the run to stop after the update in flight; a second one
-aborts (a checkpoint of the last update, if the run can write one within
-:data:`SECOND_SIGNAL_GRACE_S`); then, or at a third, the process ends itself
-(:func:`end_process`), whatever its main thread is waiting on (a collective, an env step in
-C code): Python runs signal handlers only in the main thread, between bytecodes.
+Ctrl-C (SIGINT), SIGTERM or the terminal's hangup (SIGHUP, unless ``nohup`` ignores it) asks
+the run to stop after the update in flight; a second one aborts (a checkpoint of the last
+update, if the run can write one within :data:`SECOND_SIGNAL_GRACE_S`); then, or at a third,
+the process ends itself (:func:`end_process`), whatever its main thread is waiting on (a
+collective, an env step in C code): Python runs signal handlers only in the main thread,
+between bytecodes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, NoReturn
 
 from impala_rl.actors import DistributedActors
 from impala_rl.child_processes import kill_children_left, sigterm_twice
+from impala_rl.group_signals import detach_output_on_hangup
 from impala_rl.helper_processes import stop_helper_processes_quietly
 
 log = logging.getLogger(__name__)
@@ -68,7 +70,7 @@ class SignalWatch:
     def __enter__(self) -> SignalWatch:
         try:
             for signum in self._signums:
-                self._previous[signum] = signal.signal(signum, self._handler)
+                self._previous[signum] = signal.signal(signum, self._handle)
         except ValueError:  # not the main thread
             return self
         self._sockets = socket.socketpair()
@@ -77,6 +79,10 @@ class SignalWatch:
             self._sockets[1].fileno(), warn_on_full_buffer=False
         )
         return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        detach_output_on_hangup(signum)
+        self._handler(signum, frame)
 
     def arm(self) -> None:
         """Start the thread, once this process has forked what it forks (a thread makes
@@ -108,7 +114,8 @@ class SignalWatch:
                 data = reader.recv(256)
                 if not data:
                     return
-                for _ in range(sum(b in self._signums for b in data)):
+                for signum in (b for b in data if b in self._signums):
+                    detach_output_on_hangup(signum)  # before the main thread gets to it
                     count += 1
                     if self._notice is not None:
                         self._notice(count)

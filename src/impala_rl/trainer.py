@@ -45,6 +45,7 @@ from impala_rl.evaluation import (
     evaluate,
 )
 from impala_rl.events import ImpalaEvents, RunEvents
+from impala_rl.group_signals import stop_signals
 from impala_rl.learner import (
     Learner,
     NonFiniteError,
@@ -57,7 +58,12 @@ from impala_rl.learner_group import LearnerGroupMember
 from impala_rl.rundir import RunDirError, lock_run_dir
 from impala_rl.startup import prepare_process, probe_env, resolve_device, seed_everything
 from impala_rl.stats import EpochStatsAggregator, EventRecorder
-from impala_rl.stopping import SECOND_SIGNAL_GRACE_S, SignalWatch, end_process, notice_stop
+from impala_rl.stopping import (
+    SECOND_SIGNAL_GRACE_S,
+    SignalWatch,
+    end_process,
+    notice_stop,
+)
 from impala_rl.writers import make_writers
 
 log = logging.getLogger(__name__)
@@ -374,17 +380,18 @@ class Trainer:
             self._stop_flag["closing"] = True
 
     def _signal_watch(self, actors: DistributedActors) -> SignalWatch:
-        """The leader's: Ctrl-C or SIGTERM stops after the update, a second aborts (see
-        :meth:`_on_signal`) and ends the process if the run has not ended
-        :data:`SECOND_SIGNAL_GRACE_S` later, a third at once. A further learner's: Ctrl-C is
-        the leader's (ignored); a first SIGTERM is notice (one sent to the whole group or job
-        reached the leader too, which stops every learner at the same update), a second one
-        (the leader stopping a learner that did not finish) or :data:`PARENT_STOP_GRACE_S`
-        end it, with the processes it started: it writes nothing that could be cut short."""
+        """The leader's: Ctrl-C, SIGTERM or a hangup (``stop_signals``) stops after the
+        update, a second aborts (see :meth:`_on_signal`) and ends the process if the run has
+        not ended :data:`SECOND_SIGNAL_GRACE_S` later, a third at once. A further learner's:
+        Ctrl-C and a hangup are the leader's (ignored); a first SIGTERM is notice (one sent to
+        the whole group or job reached the leader too, which stops every learner at the same
+        update), a second one (the leader stopping a learner that did not finish) or
+        :data:`PARENT_STOP_GRACE_S` end it, with the processes it started: it writes nothing
+        that could be cut short."""
         if self.is_leader:
             return SignalWatch(
                 self._on_signal,
-                (signal.SIGINT, signal.SIGTERM),
+                stop_signals(),
                 end_after=2,
                 grace_s=SECOND_SIGNAL_GRACE_S,
                 end=lambda: self._abort(actors),

@@ -58,7 +58,7 @@ from typing import Any
 import cloudpickle
 import torch
 
-from impala_rl.child_processes import leave_stopping_to_parent, stopped_by_parent
+from impala_rl.child_processes import leave_stopping_to_parent, start_child
 from impala_rl.nn import Acted, Model
 from impala_rl.nn.observations import any_tensor, read_obs, write_obs
 from impala_rl.rollout import RolloutSpec, rollout_spec_for
@@ -417,7 +417,7 @@ class InferenceProcess:
             args=(cloudpickle.dumps(model), buffers, str(device), weights, child, seed),
             daemon=True,
         )
-        stopped_by_parent(self.process).start()
+        start_child(self.process)
         child.close()
         self._expect_ready(start_timeout_s)
 

@@ -60,6 +60,7 @@ from impala_rl.actors.supervisor import (
     ActorSupervisor,
 )
 from impala_rl.config import ConfigError
+from impala_rl.group_signals import hangup_blocked
 from impala_rl.machine import available_cores
 from impala_rl.rollout import ActorLoop, RolloutSpec, UnrollResult, rollout_spec_for
 
@@ -221,7 +222,8 @@ class RayDistributedActors(ActorSupervisor[_Actor, dict[str, np.ndarray]]):
         # after the update in flight with a checkpoint (impala_rl.stopping): keep the run's.
         sigterm = signal.getsignal(signal.SIGTERM)
         try:
-            ray.init(**kwargs)
+            with hangup_blocked():  # Ray's processes: see impala_rl.child_processes
+                ray.init(**kwargs)
         except ConnectionError as exc:
             raise ActorError(
                 f"cannot connect to the Ray cluster at runner.ray_address={self.address!r}: {exc}"

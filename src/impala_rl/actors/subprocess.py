@@ -68,12 +68,9 @@ from impala_rl.actors.supervisor import (
     ActorEvent,
     ActorSupervisor,
 )
-from impala_rl.child_processes import (
-    leave_stopping_to_parent,
-    preload_forkserver,
-    stopped_by_parent,
-)
+from impala_rl.child_processes import leave_stopping_to_parent, preload_forkserver, start_child
 from impala_rl.distributed import main_file_missing
+from impala_rl.group_signals import hangup_blocked
 from impala_rl.helper_processes import stop_helper_processes_quietly
 from impala_rl.rollout import ActorLoop, ActorSplits, RolloutSpec
 
@@ -85,7 +82,8 @@ def start_forkserver() -> None:
     it forks); called early by the trainer, so that this runs on another core while the
     learner is built."""
     preload_forkserver("impala_rl.rollout")
-    forkserver.ensure_running()
+    with hangup_blocked():  # it ignores SIGHUP once its preload runs; the tracker never does
+        forkserver.ensure_running()
     # A script that trains through the library returns with no `impala` command to stop them:
     # at its exit, after multiprocessing has joined its children (priority below 0), the
     # helpers are stopped and joined too. One finalizer however many runs; the CLI's own stop
@@ -377,7 +375,7 @@ class SubprocessDistributedActors(ActorSupervisor[_Actor, int]):
             ),
             daemon=True,
         )
-        stopped_by_parent(process).start()
+        start_child(process)
         child_conn.close()
         for g, (infer_parent, infer_child) in enumerate(pipes):
             infer_child.close()

@@ -74,6 +74,7 @@ from impala_rl.envs.structured import (
     outside_mask_source,
 )
 from impala_rl.envs.vector import NativeVectorEnv, SameStepVectorEnv
+from impala_rl.group_signals import hangup_blocked
 
 __all__ = [
     "EnvError",
@@ -563,12 +564,13 @@ class EnvFactory:
         # A forkserver started here imports the env machinery (torch) once, not each env's
         # process (10 CarRacing envs: 0.3 s to start against 1.0 s); one already running stays.
         preload_forkserver("impala_rl.envs")
-        envs = gym.vector.AsyncVectorEnv(
-            [_StopLeavingWorker(self.stepping("python"))] * num_envs,
-            copy=False,
-            context="forkserver",
-            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-        )
+        with hangup_blocked():  # a forkserver it starts: see impala_rl.child_processes
+            envs = gym.vector.AsyncVectorEnv(
+                [_StopLeavingWorker(self.stepping("python"))] * num_envs,
+                copy=False,
+                context="forkserver",
+                autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+            )
         for process in envs.processes:
             stopped_by_parent(process)
         if is_composite(envs.single_action_space):
@@ -774,9 +776,9 @@ def _log_image_conversions(env_id: str, env: gym.Env) -> None:
 class _StopLeavingWorker:
     """An env factory for ``AsyncVectorEnv``'s worker processes, which leave their stop to the
     process that steps them (it closes them; see :mod:`impala_rl.child_processes`): one that
-    took a Ctrl-C or a SIGTERM sent to the whole group would die mid-step, and the learner's
-    stop would fail on its pipe. Built in the process that made it (the vector env's first
-    env, for the spaces), it leaves that process's signals be."""
+    took a Ctrl-C, a hangup or a SIGTERM sent to the whole group would die mid-step, and the
+    learner's stop would fail on its pipe. Built in the process that made it (the vector env's
+    first env, for the spaces), it leaves that process's signals be."""
 
     def __init__(self, factory: EnvFactory):
         self.factory, self.parent = factory, os.getpid()
