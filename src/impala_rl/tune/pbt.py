@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from impala_rl.config import ConfigError
+from impala_rl.group_signals import detach_output_on_hangup, stop_signals
 from impala_rl.rundir import lock_run_dir
 from impala_rl.tune.runs import TrainingRun, finite, is_statistic
 from impala_rl.tune.space import Param, overrides_of, parse_space
@@ -176,7 +177,7 @@ class Population:
         """Train every round left; returns the state (``population.json``)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         lock = lock_run_dir(self.dir)
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, self._on_signal) for s in stop_signals()}
         try:
             state = self._load_state()
             self._save_state(state)
@@ -268,6 +269,7 @@ class Population:
             state["members"][i]["parent"] = None
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
+        detach_output_on_hangup(signum)
         self._stopping.set()
         threading.Thread(target=self._stop_runs, daemon=True).start()
 

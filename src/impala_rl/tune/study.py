@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from impala_rl.config import ConfigError
+from impala_rl.group_signals import detach_output_on_hangup, stop_signals
 from impala_rl.machine import available_cores
 from impala_rl.rundir import lock_run_dir
 from impala_rl.tune.runs import TrainingRun, finite, is_statistic, statistic_names
@@ -213,9 +214,7 @@ class Study:
         try:
             study = self.load()
             self._requeue(study)
-            previous = {
-                s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)
-            }
+            previous = {s: signal.signal(s, self._on_signal) for s in stop_signals()}
             optuna_log, quiet = logging.getLogger("optuna.study._optimize"), _QuietStops()
             optuna_log.addFilter(quiet)
             try:
@@ -294,6 +293,7 @@ class Study:
         ray.get(refs)  # a task's error, if any
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
+        detach_output_on_hangup(signum)
         if not self._stopping.is_set():
             log.warning("stopping the study: the running trials checkpoint and stop")
         self._stopping.set()
