@@ -58,12 +58,7 @@ from impala_rl.learner_group import LearnerGroupMember
 from impala_rl.rundir import RunDirError, lock_run_dir
 from impala_rl.startup import prepare_process, probe_env, resolve_device, seed_everything
 from impala_rl.stats import EpochStatsAggregator, EventRecorder
-from impala_rl.stopping import (
-    SECOND_SIGNAL_GRACE_S,
-    SignalWatch,
-    end_process,
-    notice_stop,
-)
+from impala_rl.stopping import SECOND_SIGNAL_GRACE_S, SignalWatch, end_process, notice_stop
 from impala_rl.writers import make_writers
 
 log = logging.getLogger(__name__)

@@ -222,7 +222,7 @@ class RayDistributedActors(ActorSupervisor[_Actor, dict[str, np.ndarray]]):
         # after the update in flight with a checkpoint (impala_rl.stopping): keep the run's.
         sigterm = signal.getsignal(signal.SIGTERM)
         try:
-            with hangup_blocked():  # Ray's processes: see impala_rl.child_processes
+            with hangup_blocked():  # Ray's processes: see impala_rl.group_signals
                 ray.init(**kwargs)
         except ConnectionError as exc:
             raise ActorError(

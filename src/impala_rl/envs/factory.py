@@ -564,7 +564,7 @@ class EnvFactory:
         # A forkserver started here imports the env machinery (torch) once, not each env's
         # process (10 CarRacing envs: 0.3 s to start against 1.0 s); one already running stays.
         preload_forkserver("impala_rl.envs")
-        with hangup_blocked():  # a forkserver it starts: see impala_rl.child_processes
+        with hangup_blocked():  # a forkserver it starts: see impala_rl.group_signals
             envs = gym.vector.AsyncVectorEnv(
                 [_StopLeavingWorker(self.stepping("python"))] * num_envs,
                 copy=False,
