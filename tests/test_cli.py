@@ -271,6 +271,20 @@ def _process_group(pgid: int) -> list[int]:
     return pids
 
 
+def _until_stopped(run_dir: Path) -> list[str]:
+    """``impala train`` of CartPole that trains until it is stopped, a checkpoint every two
+    updates."""
+    return [
+        "train",
+        "cartpole",
+        "--run-dir",
+        str(run_dir),
+        "target_return=null",
+        "max_env_steps=1000000000",
+        "algorithm.epoch_length=2",
+    ]
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 @pytest.mark.parametrize(
     ("signum", "learners", "backend", "to_group"),
@@ -300,13 +314,7 @@ def test_signal_stops_cleanly_with_a_checkpoint(tmp_path, signum, learners, back
     run_dir = tmp_path / "run"
     last = run_dir / "checkpoints" / "last.pt"
     with _in_own_group(
-        "train",
-        "cartpole",
-        "--run-dir",
-        str(run_dir),
-        "target_return=null",
-        "max_env_steps=1000000000",
-        "algorithm.epoch_length=2",
+        *_until_stopped(run_dir),
         f"algorithm.num_learners={learners}",
         f"runner.backend={backend}",
         *QUIET,
@@ -371,13 +379,7 @@ def test_a_closed_terminal_stops_a_run_cleanly_with_a_checkpoint(tmp_path, learn
     master, terminal = pty.openpty()
     try:
         with _in_own_group(
-            "train",
-            "cartpole",
-            "--run-dir",
-            str(run_dir),
-            "target_return=null",
-            "max_env_steps=1000000000",
-            "algorithm.epoch_length=2",
+            *_until_stopped(run_dir),
             f"algorithm.num_learners={learners}",
             f"runner.backend={backend}",
             "log.tensorboard=false",
@@ -417,13 +419,7 @@ def test_a_run_started_under_nohup_trains_on_through_a_hangup(tmp_path):
         out_path.open("w") as out,
         err_path.open("w") as err,
         _in_own_group(
-            "train",
-            "cartpole",
-            "--run-dir",
-            str(run_dir),
-            "target_return=null",
-            "max_env_steps=1000000000",
-            "algorithm.epoch_length=2",
+            *_until_stopped(run_dir),
             *QUIET,
             cwd=tmp_path,
             stdout=out,
