@@ -387,6 +387,8 @@ def test_a_closed_terminal_stops_a_run_cleanly_with_a_checkpoint(tmp_path, learn
             stdin=terminal,
             stdout=terminal,
             stderr=terminal,
+            # as from a shell, even where this test runs under nohup (SIGHUP ignored, inherited)
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
         ) as proc:
             os.close(terminal)
             terminal = -1
