@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from impala_rl.child_processes import (
+    ended_by_second_sigterm,
     kill_children_left,
     leave_stopping_to_parent,
     sigterm_twice,
@@ -76,6 +77,19 @@ def test_a_parent_that_will_not_wait_ends_its_children_at_once():
         for process in (noted, other):
             process.kill()
             process.join()
+
+
+def test_a_parent_that_exits_sends_a_further_learner_two_sigterms():
+    """A further learner left running where its parent exits (an error that skipped its
+    stop) takes a first SIGTERM as notice: it gets two, the second ending it as a learner's
+    stop does (its own processes stopped first), not a kill; and nothing waits for its
+    notice's grace."""
+    process, _ = _start()
+    ended_by_second_sigterm(process)
+    started = time.monotonic()
+    kill_children_left(timeout=30.0)
+    assert process.exitcode == 128 + signal.SIGTERM  # the second SIGTERM's own end
+    assert time.monotonic() - started < 15.0  # not the notice's 20 s grace
 
 
 def _answer_then_sleep(answer: Any) -> None:

@@ -35,6 +35,7 @@ from impala_rl.group_signals import hangup_blocked, ignore_group_signals
 PARENT_STOP_GRACE_S = 20.0
 
 _children: weakref.WeakSet[Any] = weakref.WeakSet()
+_learners: weakref.WeakSet[Any] = weakref.WeakSet()  # end at a second SIGTERM
 
 
 def leave_stopping_to_parent() -> None:
@@ -84,19 +85,44 @@ def start_child(process: Any) -> Any:
     return process
 
 
+def ended_by_second_sigterm(process: Any) -> Any:
+    """Note ``process`` (a started further learner, which takes a first SIGTERM as notice and
+    at a second stops its own processes and ends) as one to send two, where this process will
+    not wait for it; returns it."""
+    _learners.add(process)
+    return process
+
+
 def kill_children_left(timeout: float = 5.0) -> None:
-    """Kill and join the noted children still running (this process is ending without
-    stopping them: a SIGTERM would be taken as notice). At exit it runs before
-    ``multiprocessing``'s, which would SIGTERM its daemonic children and join them."""
+    """Kill and join the noted children still running, and send the noted further learners
+    two SIGTERMs (this process is ending without stopping them: one SIGTERM would be taken as
+    notice, and a learner killed would leave its own processes behind). At exit it runs
+    before ``multiprocessing``'s, which would SIGTERM its daemonic children and join them, and
+    join the others (a further learner) however long they take."""
     left = []
     for process in list(_children):
         with suppress(Exception):
             if process.is_alive():
                 process.kill()
                 left.append(process)
-    for process in left:
+    learners = [p for p in list(_learners) if _alive(p)]
+    if learners:
+        sigterm_twice(learners)
+    for process in left + learners:
         with suppress(Exception):
             process.join(timeout)
+    for process in learners:
+        with suppress(Exception):
+            if process.is_alive():
+                process.kill()
+                process.join(timeout)
+
+
+def _alive(process: Any) -> bool:
+    try:
+        return bool(process.is_alive())
+    except Exception:  # not this process's child (a copy that crossed a fork)
+        return False
 
 
 def sigterm_twice(processes: Iterable[Any], gap_s: float = 0.2) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from impala_rl.child_processes import sigterm_twice
+from impala_rl.child_processes import ended_by_second_sigterm, sigterm_twice
 from impala_rl.group_signals import hangup_blocked
 
 log = logging.getLogger(__name__)
@@ -485,7 +485,7 @@ def start_peer_learners(
             name=f"impala-learner-{rank}",
         )
         with hangup_blocked():  # until it ignores SIGHUP (the leader's, as Ctrl-C)
-            p.start()
+            ended_by_second_sigterm(p).start()
         writer.close()  # the learner's end: its exit closes the pipe
         procs.append(p)
         started.append(reader)
