@@ -105,17 +105,27 @@ def kill_children_left(timeout: float = 5.0) -> None:
             if process.is_alive():
                 process.kill()
                 left.append(process)
-    learners = [p for p in list(_learners) if _alive(p)]
-    if learners:
-        sigterm_twice(learners)
-    for process in left + learners:
+    for process in left:
         with suppress(Exception):
             process.join(timeout)
-    for process in learners:
+    end_learners([p for p in list(_learners) if _alive(p)], timeout)
+
+
+def end_learners(processes: list[Any], timeout: float = 5.0) -> None:
+    """End further learners still running: two SIGTERMs (:func:`sigterm_twice`), ``timeout``
+    for them to stop their own processes and exit, then a kill for any left."""
+    if not processes:
+        return
+    sigterm_twice(processes)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        with suppress(Exception):
+            process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
         with suppress(Exception):
             if process.is_alive():
                 process.kill()
-                process.join(timeout)
+                process.join()
 
 
 def _alive(process: Any) -> bool:

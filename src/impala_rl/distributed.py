@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from impala_rl.child_processes import ended_by_second_sigterm, sigterm_twice
+from impala_rl.child_processes import end_learners, ended_by_second_sigterm
 from impala_rl.group_signals import hangup_blocked
 
 log = logging.getLogger(__name__)
@@ -434,13 +434,7 @@ class PeerLearners:
         if self.kind == "process":
             for h in self.handles:
                 h.join(max(0.0, deadline - time.monotonic()))
-            for h in self.handles:
-                if h.is_alive():
-                    sigterm_twice([h])
-                    h.join(5.0)
-                if h.is_alive():
-                    h.kill()
-                    h.join()
+            end_learners([h for h in self.handles if h.is_alive()])
             return
         import ray
 

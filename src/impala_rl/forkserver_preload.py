@@ -12,13 +12,15 @@ systemd's stop) is the run's to handle.
   it started, this one: so they ignore a Ctrl-C from their first instruction, not only from
   the moment they ignore it themselves (a Ctrl-C in between killed an actor as it started).
 - SIGHUP (the terminal closed): ignored by the forkserver and its children alike, as the run's
-  processes ignore it (:func:`impala_rl.child_processes.ignore_group_signals`)."""
+  processes ignore it (:func:`impala_rl.group_signals.ignore_group_signals`)."""
 
 from __future__ import annotations
 
 import os
 import signal
 from typing import Any
+
+from impala_rl.group_signals import ignore_group_signals
 
 _FORKSERVER = os.getpid()
 
@@ -31,6 +33,4 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 signal.signal(signal.SIGTERM, _on_sigterm)
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-if hasattr(signal, "SIGHUP"):
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+ignore_group_signals()
