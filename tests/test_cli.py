@@ -447,6 +447,77 @@ def test_a_run_started_under_nohup_trains_on_through_a_hangup(tmp_path):
     assert _process_group(proc.pid) == []
 
 
+def _to_the_end(run_dir: Path) -> list[str]:
+    """``impala train`` of CartPole to a fixed budget of many epochs, printed line by line."""
+    return [
+        "train",
+        "cartpole",
+        "--run-dir",
+        str(run_dir),
+        "target_return=null",
+        "max_env_steps=30000",
+        "log.tensorboard=false",
+    ]
+
+
+def _trained_to_the_end(run_dir: Path, proc: subprocess.Popen) -> None:
+    assert proc.returncode == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_because"] == "max_env_steps"
+    assert summary["env_steps"] >= 30000
+    assert _process_group(proc.pid) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.parametrize("backend", ["sequential", "subprocess"])
+def test_a_run_whose_output_pipe_loses_its_reader_trains_to_its_end(tmp_path, backend):
+    """``impala train ... 2>&1 | head``: the reader of the run's output ends after a line,
+    and every later write fails (EPIPE). The run trains on to its budget, its summary written
+    and exit code 0; before, the first failed write ended it with code 1 mid-run."""
+    run_dir = tmp_path / "run"
+    with _in_own_group(
+        *_to_the_end(run_dir), f"runner.backend={backend}", cwd=tmp_path, stderr=subprocess.STDOUT
+    ) as proc:
+        assert proc.stdout.readline().startswith("epoch=")
+        proc.stdout.close()  # the reader is gone
+        assert proc.poll() is None, "the run ended before its output lost its reader"
+        proc.wait(timeout=120)
+    _trained_to_the_end(run_dir, proc)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_a_run_that_ignores_hangups_trains_on_when_its_terminal_closes(tmp_path):
+    """A run started with SIGHUP ignored (``trap '' HUP``) and its live progress on a
+    terminal: the terminal closes, and every later write fails (EIO). The run trains on to its
+    budget, exit code 0; before, its next write ended it with code 1."""
+    import pty
+
+    run_dir = tmp_path / "run"
+    master, terminal = pty.openpty()
+    try:
+        with _in_own_group(
+            *_to_the_end(run_dir),
+            cwd=tmp_path,
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+        ) as proc:
+            os.close(terminal)
+            terminal = -1
+            _wait_for(run_dir / "metrics.jsonl", proc, read_fd=master)
+            os.close(master)  # the terminal is gone
+            master = -1
+            os.killpg(proc.pid, signal.SIGHUP)
+            assert proc.poll() is None, "the run ended before its terminal closed"
+            proc.wait(timeout=120)
+    finally:
+        for fd in (master, terminal):
+            if fd >= 0:
+                os.close(fd)
+    _trained_to_the_end(run_dir, proc)
+
+
 def test_eval_writes_its_result_as_json_next_to_the_run(tmp_path, capsys):
     from impala_rl import cli
 

@@ -277,6 +277,15 @@ RUN_FAILED = 1
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``impala`` command. A console that goes away meanwhile (a pipe's reader ended, a
+    terminal closed) ends none of it: the output goes to ``/dev/null`` from then on."""
+    from impala_rl.console_output import console_loss_tolerated
+
+    with console_loss_tolerated():
+        return _command(argv)
+
+
+def _command(argv: list[str] | None) -> int:
     from rich.console import Console
     from rich.logging import RichHandler
 

@@ -11,7 +11,9 @@ import os
 import signal
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
+
+from impala_rl.console_output import to_devnull
 
 
 def stop_signals() -> tuple[int, ...]:
@@ -29,14 +31,14 @@ def detach_output_on_hangup(signum: int) -> None:
     the hangup ended (``| tee``), and the stop's messages must not fail the stop."""
     if signum != getattr(signal, "SIGHUP", None):
         return
-    devnull = os.open(os.devnull, os.O_WRONLY)
+    to_devnull(fd for fd in (1, 2) if not _is_file(fd))
+
+
+def _is_file(fd: int) -> bool:
     try:
-        for fd in (1, 2):
-            with suppress(OSError):
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 def ignore_group_signals() -> None:

@@ -1,0 +1,67 @@
+"""A console that goes away: writes that outlive their reader (impala_rl.console_output)."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import sys
+
+import pytest
+
+from impala_rl.console_output import LossTolerantStream, console_loss_tolerated
+
+
+class _Failing(io.StringIO):
+    def __init__(self, code: int):
+        super().__init__()
+        self.code = code
+
+    def write(self, text: str) -> int:
+        raise OSError(self.code, os.strerror(self.code))
+
+
+def test_a_write_after_the_reader_left_goes_to_devnull():
+    read_end, write_end = os.pipe()
+    stream = os.fdopen(write_end, "w", buffering=1)
+    try:
+        tolerant = LossTolerantStream(stream)
+        tolerant.write("read\n")
+        assert os.read(read_end, 100) == b"read\n"
+        os.close(read_end)
+        assert tolerant.write("nobody reads this\n") == len("nobody reads this\n")
+        assert tolerant.lost
+        null = os.stat(os.devnull)
+        assert os.fstat(stream.fileno()).st_rdev == null.st_rdev  # the fd is /dev/null's now
+        tolerant.write("nor this\n")
+        tolerant.flush()
+    finally:
+        stream.close()
+
+
+def test_a_terminals_eio_counts_as_a_lost_console(tmp_path):
+    stream = open(tmp_path / "log", "w")  # noqa: SIM115 - its fd is replaced under it
+    failing = _Failing(errno.EIO)
+    failing.fileno = stream.fileno  # type: ignore[method-assign]
+    try:
+        tolerant = LossTolerantStream(failing)
+        tolerant.write("x")
+        assert tolerant.lost
+    finally:
+        stream.close()
+
+
+def test_another_write_error_is_raised():
+    tolerant = LossTolerantStream(_Failing(errno.ENOSPC))
+    with pytest.raises(OSError, match="space"):
+        tolerant.write("x")
+    assert not tolerant.lost
+
+
+def test_the_streams_are_wrapped_for_the_block_only():
+    saved = sys.stdout, sys.stderr
+    with console_loss_tolerated():
+        assert isinstance(sys.stdout, LossTolerantStream)
+        assert isinstance(sys.stderr, LossTolerantStream)
+        assert sys.stderr.isatty() == saved[1].isatty()  # the stream's own attributes
+    assert (sys.stdout, sys.stderr) == saved
