@@ -447,6 +447,27 @@ def test_a_run_started_under_nohup_trains_on_through_a_hangup(tmp_path):
     assert _process_group(proc.pid) == []
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_a_hangup_sent_on_purpose_leaves_a_piped_output_to_its_reader(tmp_path):
+    """``kill -HUP`` to a run whose output is piped to a reader that lives on (not a closed
+    terminal): the run stops as on Ctrl-C, and its stop's messages and summary still reach
+    the reader. Before, the hangup sent both streams to /dev/null at once."""
+    run_dir = tmp_path / "run"
+    with _in_own_group(
+        *_until_stopped(run_dir),
+        "log.tensorboard=false",
+        cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+    ) as proc:
+        assert proc.stderr.readline().startswith("epoch=")
+        os.killpg(proc.pid, signal.SIGHUP)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert json.loads(out)["stopped_because"] == "interrupted"
+    assert "stopping after this update" in err
+    assert _process_group(proc.pid) == []
+
+
 def _to_the_end(run_dir: Path) -> list[str]:
     """``impala train`` of CartPole to a fixed budget of many epochs, printed line by line."""
     return [

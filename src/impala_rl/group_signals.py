@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from impala_rl.console_output import to_devnull
+from impala_rl.console_output import LossTolerantStream, to_devnull
 
 
 def stop_signals() -> tuple[int, ...]:
@@ -28,8 +29,14 @@ def stop_signals() -> tuple[int, ...]:
 def detach_output_on_hangup(signum: int) -> None:
     """After a hangup (the terminal closed) stdout and stderr go to ``/dev/null``, unless they
     are files: a write to a closed terminal fails (EIO), so does one to a pipe whose reader
-    the hangup ended (``| tee``), and the stop's messages must not fail the stop."""
+    the hangup ended (``| tee``), and the stop's messages must not fail the stop. Not where
+    both streams take the loss of their reader themselves (the ``impala`` command's): they
+    go to ``/dev/null`` only if a write fails, so a hangup sent on purpose (``kill -HUP``) to
+    a run whose reader lives on leaves its output, the stop's messages and summary, to it."""
     if signum != getattr(signal, "SIGHUP", None):
+        return
+    streams = (sys.stdout, sys.stderr)  # rich's live display puts a proxy in front of each
+    if all(isinstance(getattr(s, "rich_proxied_file", s), LossTolerantStream) for s in streams):
         return
     to_devnull(fd for fd in (1, 2) if not _is_file(fd))
 
