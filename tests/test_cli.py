@@ -271,18 +271,14 @@ def _process_group(pgid: int) -> list[int]:
     return pids
 
 
+def _cartpole(run_dir: Path, *settings: str) -> list[str]:
+    """``impala train`` of CartPole into ``run_dir`` that does not stop at a solved return."""
+    return ["train", "cartpole", "--run-dir", str(run_dir), "target_return=null", *settings]
+
+
 def _until_stopped(run_dir: Path) -> list[str]:
-    """``impala train`` of CartPole that trains until it is stopped, a checkpoint every two
-    updates."""
-    return [
-        "train",
-        "cartpole",
-        "--run-dir",
-        str(run_dir),
-        "target_return=null",
-        "max_env_steps=1000000000",
-        "algorithm.epoch_length=2",
-    ]
+    """CartPole trained until it is stopped, a checkpoint every two updates."""
+    return _cartpole(run_dir, "max_env_steps=1000000000", "algorithm.epoch_length=2")
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
@@ -360,6 +356,37 @@ def _wait_for(path: Path, proc: subprocess.Popen, read_fd: int | None = None) ->
                 os.read(read_fd, 1 << 16)
 
 
+def _on_a_terminal_that_closes(*args: str, cwd: Path, hangup: Any, once: Path) -> subprocess.Popen:
+    """``impala ARGS`` on a pseudo-terminal, started with SIGHUP's disposition ``hangup``;
+    once ``once`` exists the terminal closes (writes to it fail from then on) and its shell's
+    SIGHUP reaches the run's group. The run's process, after it ended."""
+    import pty
+
+    master, terminal = pty.openpty()
+    try:
+        with _in_own_group(
+            *args,
+            cwd=cwd,
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, hangup),
+        ) as proc:
+            os.close(terminal)
+            terminal = -1
+            _wait_for(once, proc, read_fd=master)
+            os.close(master)  # the terminal is gone
+            master = -1
+            os.killpg(proc.pid, signal.SIGHUP)
+            assert proc.poll() is None, "the run ended before its terminal closed"
+            proc.wait(timeout=120)
+    finally:
+        for fd in (master, terminal):
+            if fd >= 0:
+                os.close(fd)
+    return proc
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 @pytest.mark.parametrize(
     ("learners", "backend"),
@@ -372,35 +399,18 @@ def test_a_closed_terminal_stops_a_run_cleanly_with_a_checkpoint(tmp_path, learn
     group. The run stops as on Ctrl-C (a final checkpoint and its summary, exit code 130), its
     actors, forkserver and further learner leave the stop to it, and nothing it started
     outlives it. Before, the run died of the signal with its last epoch's work lost."""
-    import pty
-
     run_dir = tmp_path / "run"
     last = run_dir / "checkpoints" / "last.pt"
-    master, terminal = pty.openpty()
-    try:
-        with _in_own_group(
-            *_until_stopped(run_dir),
-            f"algorithm.num_learners={learners}",
-            f"runner.backend={backend}",
-            "log.tensorboard=false",
-            cwd=tmp_path,
-            stdin=terminal,
-            stdout=terminal,
-            stderr=terminal,
-            # as from a shell, even where this test runs under nohup (SIGHUP ignored, inherited)
-            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
-        ) as proc:
-            os.close(terminal)
-            terminal = -1
-            _wait_for(last, proc, read_fd=master)
-            os.close(master)  # the terminal is gone
-            master = -1
-            os.killpg(proc.pid, signal.SIGHUP)
-            proc.wait(timeout=60)
-    finally:
-        for fd in (master, terminal):
-            if fd >= 0:
-                os.close(fd)
+    proc = _on_a_terminal_that_closes(
+        *_until_stopped(run_dir),
+        f"algorithm.num_learners={learners}",
+        f"runner.backend={backend}",
+        "log.tensorboard=false",
+        cwd=tmp_path,
+        # as from a shell, even where this test runs under nohup (SIGHUP ignored, inherited)
+        hangup=signal.SIG_DFL,
+        once=last,
+    )
 
     assert proc.returncode == 130
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -469,16 +479,8 @@ def test_a_hangup_sent_on_purpose_leaves_a_piped_output_to_its_reader(tmp_path):
 
 
 def _to_the_end(run_dir: Path) -> list[str]:
-    """``impala train`` of CartPole to a fixed budget of many epochs, printed line by line."""
-    return [
-        "train",
-        "cartpole",
-        "--run-dir",
-        str(run_dir),
-        "target_return=null",
-        "max_env_steps=30000",
-        "log.tensorboard=false",
-    ]
+    """CartPole trained to a fixed budget of many epochs, printed line by line."""
+    return _cartpole(run_dir, "max_env_steps=30000", "log.tensorboard=false")
 
 
 def _trained_to_the_end(run_dir: Path, proc: subprocess.Popen) -> None:
@@ -511,31 +513,10 @@ def test_a_run_that_ignores_hangups_trains_on_when_its_terminal_closes(tmp_path)
     """A run started with SIGHUP ignored (``trap '' HUP``) and its live progress on a
     terminal: the terminal closes, and every later write fails (EIO). The run trains on to its
     budget, exit code 0; before, its next write ended it with code 1."""
-    import pty
-
     run_dir = tmp_path / "run"
-    master, terminal = pty.openpty()
-    try:
-        with _in_own_group(
-            *_to_the_end(run_dir),
-            cwd=tmp_path,
-            stdin=terminal,
-            stdout=terminal,
-            stderr=terminal,
-            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
-        ) as proc:
-            os.close(terminal)
-            terminal = -1
-            _wait_for(run_dir / "metrics.jsonl", proc, read_fd=master)
-            os.close(master)  # the terminal is gone
-            master = -1
-            os.killpg(proc.pid, signal.SIGHUP)
-            assert proc.poll() is None, "the run ended before its terminal closed"
-            proc.wait(timeout=120)
-    finally:
-        for fd in (master, terminal):
-            if fd >= 0:
-                os.close(fd)
+    proc = _on_a_terminal_that_closes(
+        *_to_the_end(run_dir), cwd=tmp_path, hangup=signal.SIG_IGN, once=run_dir / "metrics.jsonl"
+    )
     _trained_to_the_end(run_dir, proc)
 
 
