@@ -65,3 +65,21 @@ def test_the_streams_are_wrapped_for_the_block_only():
         assert isinstance(sys.stderr, LossTolerantStream)
         assert sys.stderr.isatty() == saved[1].isatty()  # the stream's own attributes
     assert (sys.stdout, sys.stderr) == saved
+
+
+def test_what_a_buffer_holds_at_the_end_meets_a_lost_console_there(monkeypatch):
+    """A block-buffered stdout (a pipe) holds the summary until the exit: flushed at the end
+    of the block, through the tolerant stream, not by the interpreter's exit, which would
+    fail on it (exit code 120)."""
+    read_end, write_end = os.pipe()
+    stream = os.fdopen(write_end, "w")  # block-buffered
+    monkeypatch.setattr(sys, "stdout", stream)
+    try:
+        with console_loss_tolerated():
+            print("the summary")
+            os.close(read_end)  # the reader leaves before the buffer is written
+        assert sys.stdout is stream
+        assert os.fstat(stream.fileno()).st_rdev == os.stat(os.devnull).st_rdev
+        stream.flush()  # nothing left to fail
+    finally:
+        stream.close()

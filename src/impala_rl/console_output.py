@@ -80,7 +80,8 @@ class LossTolerantStream:
 @contextmanager
 def console_loss_tolerated() -> Iterator[None]:
     """``sys.stdout`` and ``sys.stderr`` made :class:`LossTolerantStream` for the block (the
-    command's run); the streams themselves again after it."""
+    command's run), and flushed through them at its end, so that the interpreter's exit finds
+    nothing to write to a console that is gone; the streams themselves again after it."""
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = (
         s if s is None or isinstance(s, LossTolerantStream) else LossTolerantStream(s)
@@ -89,4 +90,8 @@ def console_loss_tolerated() -> Iterator[None]:
     try:
         yield
     finally:
+        for stream in (sys.stdout, sys.stderr):  # what a buffer holds, not left to the exit
+            if isinstance(stream, LossTolerantStream):
+                with suppress(ValueError):  # closed meanwhile
+                    stream.flush()
         sys.stdout, sys.stderr = saved
