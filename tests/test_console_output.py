@@ -39,16 +39,27 @@ def test_a_write_after_the_reader_left_goes_to_devnull():
         stream.close()
 
 
-def test_a_terminals_eio_counts_as_a_lost_console(tmp_path):
-    stream = open(tmp_path / "log", "w")  # noqa: SIM115 - its fd is replaced under it
+def test_a_terminals_eio_counts_as_a_lost_console():
+    import pty
+
+    master, terminal = pty.openpty()
     failing = _Failing(errno.EIO)
-    failing.fileno = stream.fileno  # type: ignore[method-assign]
+    failing.fileno = lambda: terminal  # type: ignore[method-assign]
     try:
         tolerant = LossTolerantStream(failing)
         tolerant.write("x")
         assert tolerant.lost
     finally:
-        stream.close()
+        os.close(master)
+        os.close(terminal)
+
+
+def test_an_eio_on_a_file_is_the_disks_and_raised(tmp_path):
+    with open(tmp_path / "train.log", "w") as log:
+        failing = _Failing(errno.EIO)
+        failing.fileno = log.fileno  # type: ignore[method-assign]
+        with pytest.raises(OSError, match="Input/output"):
+            LossTolerantStream(failing).write("x")
 
 
 def test_another_write_error_is_raised():

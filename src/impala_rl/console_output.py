@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -32,8 +33,22 @@ def to_devnull(fds: Iterable[int]) -> None:
         os.close(devnull)
 
 
-def _lost(exc: OSError) -> bool:
-    return isinstance(exc, BrokenPipeError) or exc.errno in LOST_CONSOLE_ERRNOS
+def is_regular_file(fd: int) -> bool:
+    """Whether ``fd`` is a file on disk (``> train.log``), not a terminal or a pipe."""
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
+def _lost(exc: OSError, stream: TextIO) -> bool:
+    """Whether ``exc`` says the console went away; on a file, an EIO is the disk's."""
+    if not (isinstance(exc, BrokenPipeError) or exc.errno in LOST_CONSOLE_ERRNOS):
+        return False
+    try:
+        return not is_regular_file(stream.fileno())
+    except (OSError, ValueError):
+        return True
 
 
 class LossTolerantStream:
@@ -56,7 +71,7 @@ class LossTolerantStream:
         try:
             return self._stream.write(text)
         except OSError as exc:
-            if not _lost(exc):
+            if not _lost(exc, self._stream):
                 raise
             self._after_loss()
             return len(text)
@@ -69,7 +84,7 @@ class LossTolerantStream:
         try:
             self._stream.flush()
         except OSError as exc:
-            if not _lost(exc):
+            if not _lost(exc, self._stream):
                 raise
             self._after_loss()
 

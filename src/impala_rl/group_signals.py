@@ -7,14 +7,12 @@ to the process that started it.
 
 from __future__ import annotations
 
-import os
 import signal
-import stat
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from impala_rl.console_output import LossTolerantStream, to_devnull
+from impala_rl.console_output import LossTolerantStream, is_regular_file, to_devnull
 
 
 def stop_signals() -> tuple[int, ...]:
@@ -38,14 +36,7 @@ def detach_output_on_hangup(signum: int) -> None:
     streams = (sys.stdout, sys.stderr)  # rich's live display puts a proxy in front of each
     if all(isinstance(getattr(s, "rich_proxied_file", s), LossTolerantStream) for s in streams):
         return
-    to_devnull(fd for fd in (1, 2) if not _is_file(fd))
-
-
-def _is_file(fd: int) -> bool:
-    try:
-        return stat.S_ISREG(os.fstat(fd).st_mode)
-    except OSError:
-        return False
+    to_devnull(fd for fd in (1, 2) if not is_regular_file(fd))
 
 
 def ignore_group_signals() -> None:
