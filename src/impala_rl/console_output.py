@@ -60,33 +60,33 @@ class LossTolerantStream:
         self._stream = stream
         self.lost = False
 
-    def _after_loss(self) -> None:
-        self.lost = True
-        with suppress(OSError, ValueError):
-            to_devnull([self._stream.fileno()])
-        with suppress(OSError, ValueError):  # what the buffer still held goes to /dev/null
-            self._stream.flush()
-
-    def write(self, text: str) -> int:
+    @contextmanager
+    def _unless_lost(self) -> Iterator[None]:
+        """The block's write or flush, or, if it finds the console gone, the stream's file
+        descriptor sent to ``/dev/null`` and what the buffer still held flushed there."""
         try:
-            return self._stream.write(text)
+            yield
         except OSError as exc:
             if not _lost(exc, self._stream):
                 raise
-            self._after_loss()
-            return len(text)
+            self.lost = True
+            with suppress(OSError, ValueError):
+                to_devnull([self._stream.fileno()])
+            with suppress(OSError, ValueError):
+                self._stream.flush()
+
+    def write(self, text: str) -> int:
+        with self._unless_lost():
+            return self._stream.write(text)
+        return len(text)  # dropped with the console
 
     def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:
             self.write(line)
 
     def flush(self) -> None:
-        try:
+        with self._unless_lost():
             self._stream.flush()
-        except OSError as exc:
-            if not _lost(exc, self._stream):
-                raise
-            self._after_loss()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
