@@ -148,3 +148,43 @@ def test_a_process_of_the_runs_forkserver_ignores_ctrl_c_and_hangup_from_its_sta
             child.join()
         ctx.set_forkserver_preload([])
         stop_forkserver()
+
+
+_SIGTERM_AT_FORK = """
+import os, signal, sys, time
+r, w = os.pipe()
+
+def probe():  # a child's after-fork, before the preload's own (hooks run in their order)
+    blocked = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    os.write(w, b"blocked" if blocked else b"open")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+os.register_at_fork(after_in_child=probe)
+import impala_rl.forkserver_preload  # as the forkserver imports it
+
+pid = os.fork()
+if pid == 0:
+    time.sleep(60)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+blocked_here = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+ended_by = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+print(os.read(r, 16).decode(), ended_by, blocked_here)
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="needs signal masks")
+def test_a_sigterm_that_reaches_a_forkserver_child_as_it_is_forked_still_ends_it():
+    """The forkserver blocks SIGTERM across each fork: a SIGTERM that reaches the child before
+    its interpreter's after-fork (where Python clears the signals it has received, so one sent
+    then was lost) stays pending and ends the child once it is unblocked; the forkserver's own
+    mask is as it was. Run in an interpreter of its own: the preload's fork hooks stay for good
+    in the process that imports it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_AT_FORK], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["blocked", str(int(signal.SIGTERM)), "False"], done.stdout

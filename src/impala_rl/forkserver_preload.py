@@ -6,8 +6,9 @@ systemd's stop) is the run's to handle.
 - SIGTERM: a forkserver that died of it would look to the run as if every process it started
   had died (their exit codes come through it). The run stops the forkserver when it ends
   (:mod:`impala_rl.helper_processes`); a process forked from it takes SIGTERM as it would have,
-  until it says otherwise (:mod:`impala_rl.child_processes`), save one that reaches it as it is
-  forked, before its interpreter runs: Python drops a signal pending there.
+  until it says otherwise (:mod:`impala_rl.child_processes`). SIGTERM is blocked across each
+  fork: Python clears the signals that reach a child before its interpreter's after-fork, so
+  one sent then was lost; blocked, it stays pending and ends the child once it is unblocked.
 - SIGINT: the forkserver ignores it anyway, and gives its children the handler it found when
   it started, this one: so they ignore a Ctrl-C from their first instruction, not only from
   the moment they ignore it themselves (a Ctrl-C in between killed an actor as it started).
@@ -32,5 +33,20 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+_mask_before_fork: set[signal.Signals] = set()
+
+
+def _block_sigterm() -> None:
+    _mask_before_fork.clear()
+    _mask_before_fork.update(signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}))
+
+
+def _restore_mask() -> None:
+    signal.pthread_sigmask(signal.SIG_SETMASK, _mask_before_fork)
+
+
 signal.signal(signal.SIGTERM, _on_sigterm)
+os.register_at_fork(
+    before=_block_sigterm, after_in_parent=_restore_mask, after_in_child=_restore_mask
+)
 ignore_group_signals()
