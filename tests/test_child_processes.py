@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -151,7 +153,7 @@ def test_a_process_of_the_runs_forkserver_ignores_ctrl_c_and_hangup_from_its_sta
 
 
 _SIGTERM_AT_FORK = """
-import os, signal, sys, time
+import os, signal, time
 r, w = os.pipe()
 
 def probe():  # a child's after-fork, before the preload's own (hooks run in their order)
@@ -180,9 +182,6 @@ def test_a_sigterm_that_reaches_a_forkserver_child_as_it_is_forked_still_ends_it
     then was lost) stays pending and ends the child once it is unblocked; the forkserver's own
     mask is as it was. Run in an interpreter of its own: the preload's fork hooks stay for good
     in the process that imports it."""
-    import subprocess
-    import sys
-
     done = subprocess.run(
         [sys.executable, "-c", _SIGTERM_AT_FORK], capture_output=True, text=True, timeout=120
     )
