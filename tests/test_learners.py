@@ -190,7 +190,7 @@ def test_cartpole_learns_with_two_learners(tmp_path, backend):
     actors (1e-3): these backends are not deterministic, and on a loaded machine the preset's
     2e-3 has a long tail. The evaluation first reached 475 at a median of 14-15k env steps,
     but a run can plateau at a training return of ~170 for 40k env steps before it gets
-    there: with subprocess actors, under two busy loops beside two runs at a time, 3 of 120
+    there: with subprocess actors, under two busy loops beside two runs at a time, 4 of 150
     runs took over 30k (the slowest 83k), and one CI run never reached it within 150k; on Ray,
     two runs at a time, 4 of 40 (the slowest 87k). So the budget is ~27x the median
     (docs/experiments/cartpole.md)."""
