@@ -33,20 +33,16 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-_mask_before_fork: set[signal.Signals] = set()
-
-
 def _block_sigterm() -> None:
-    _mask_before_fork.clear()
-    _mask_before_fork.update(signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}))
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
-def _restore_mask() -> None:
-    signal.pthread_sigmask(signal.SIG_SETMASK, _mask_before_fork)
+def _unblock_sigterm() -> None:  # the forkserver never blocks it otherwise
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 signal.signal(signal.SIGTERM, _on_sigterm)
 os.register_at_fork(
-    before=_block_sigterm, after_in_parent=_restore_mask, after_in_child=_restore_mask
+    before=_block_sigterm, after_in_parent=_unblock_sigterm, after_in_child=_unblock_sigterm
 )
 ignore_group_signals()
