@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import impala_rl
+from actor_backends import stop_once_train_return_reaches
 from impala_rl.actors import SequentialDistributedActors
 from impala_rl.cli import main
 from impala_rl.config import (
@@ -376,13 +377,15 @@ FAST = ["log.console=false", "log.tensorboard=false", "runner.backend=sequential
 LSTM = ["model.core=lstm", "model.shared_torso=true", "model.lstm_hidden_size=64"]
 
 
-LSTM_BUDGET = 40_000
+LSTM_BUDGET = 150_000
 
 
-def test_cartpole_with_an_lstm_core_learns_and_its_policy_loads(tmp_path, capsys):
+def test_cartpole_with_an_lstm_core_learns_and_its_policy_loads(tmp_path, capsys, monkeypatch):
     """The cartpole preset with a 64-unit LSTM core (sequential, seed 0) lifts the training
-    return (mean of the last 100 episodes) from ~22 (random) to >= 60 within 40,000 env steps
-    (seed 0 passes 60 at ~31k and is at ~82 by 40k); the loaded policy acts with its state."""
+    return (mean of the last 100 episodes) from ~22 (random) to >= 60 within 150,000 env
+    steps, where the run stops (seeds 0-9 at 17.2k-69.2k, seed 0 at 29.2k; a 2-core Intel
+    Xeon); the loaded policy acts with its state."""
+    stop_once_train_return_reaches(monkeypatch, 60)
     summary = impala_rl.train(
         "cartpole",
         [*FAST, *LSTM, "seed=0", "target_return=null", f"max_env_steps={LSTM_BUDGET}"],
@@ -391,7 +394,7 @@ def test_cartpole_with_an_lstm_core_learns_and_its_policy_loads(tmp_path, capsys
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     curve = [(r["env_steps"], r.get("train_return_recent")) for r in rows]
     assert curve[0][1] is not None and curve[0][1] < 40, curve[0]
-    assert max(ret for _, ret in curve if ret is not None) >= 60, curve
+    assert summary["train_return_recent"] >= 60, (summary, curve)
     assert summary["stopped_because"] == "max_env_steps"
     policy = impala_rl.load_policy(tmp_path)
     assert policy.model.has_core

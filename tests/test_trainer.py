@@ -344,16 +344,20 @@ def test_load_policy_on_a_missing_run_dir_raises(tmp_path):
 
 # -- learning ------------------------------------------------------------------------------------
 
-LEARNING_BUDGET = 60_000
+LEARNING_BUDGET = 150_000
+"""The cartpole learning tests' budget. A run is deterministic for a seed on one CPU, not
+across CPUs (their rounding differs), so a seed's reach point there is one draw of the seeds'
+spread: the preset's seeds 0-9 reached a training return of 195 at 22.5k-43.5k env steps, its
+APPO variants (2 passes of 2 minibatches, of columns or of steps) at 14.3k-51.7k (a 2-core
+Intel Xeon). A run stops where it reaches it, so the headroom costs a passing run nothing."""
 
 
 def test_cartpole_preset_learns(tmp_path, monkeypatch):
     """The ``cartpole`` preset (sequential, seed 0) reaches a training return >= 195.
 
     "Training return" is the mean of the last 100 training episodes (``train_return_recent``);
-    the run stops at the update where it first reaches 195. Budget: 60,000 env steps; with this
-    preset seed 0 first reaches 195 at ~38k steps (the sequential backend is deterministic for
-    a seed).
+    the run stops at the update where it first reaches 195, seed 0 at ~38k env steps, within
+    :data:`LEARNING_BUDGET`.
     """
     stop_once_train_return_reaches(monkeypatch, 195)
     summary = _train(tmp_path, "seed=0", "target_return=null", f"max_env_steps={LEARNING_BUDGET}")
@@ -427,9 +431,9 @@ def test_num_passes_takes_that_many_optimizer_steps_per_batch(tmp_path):
 
 
 def test_num_passes_two_still_solves_cartpole(tmp_path):
-    # Seeds 1-7 solve at 2.6k-14.7k env steps; seed 0, this one, at 30.7k (11.5k before
-    # V-trace's scan changed its rounding).
-    summary = _train(tmp_path, "algorithm.num_passes=2", "max_env_steps=40000")
+    # Seeds 0-9 solve at 1.9k-34.6k env steps (a 2-core Intel Xeon); seed 0, this one, at
+    # 7.7k there, at 30.7k on another CPU: its reach point is a draw of that spread.
+    summary = _train(tmp_path, "algorithm.num_passes=2", f"max_env_steps={LEARNING_BUDGET}")
     assert summary["stopped_because"] == "target_return", summary
 
 
