@@ -94,6 +94,54 @@ def test_train_prints_the_summary_json(tmp_path, placement):
     assert not (tmp_path / "runs").exists()  # --run-dir was honoured
 
 
+USER_ENV_FILE = """
+import gymnasium as gym
+import numpy as np
+
+
+class Guess(gym.Env):
+    observation_space = gym.spaces.Box(0.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def _obs(self):
+        self.k = int(self.np_random.integers(3))
+        return np.eye(3, dtype=np.float32)[self.k]
+
+    def step(self, action):
+        reward = float(action == self.k)
+        self.t += 1
+        return self._obs(), reward, False, self.t >= 5, {}
+"""
+
+
+def test_an_env_in_a_file_of_the_working_directory_trains_in_actor_processes(tmp_path):
+    """``impala train env.id=my_guess_env:Guess`` run where ``my_guess_env.py`` lies, by the
+    installed console script (whose ``sys.path`` starts at its ``bin`` directory, not the
+    working directory): the module imports in the trainer and in each actor process."""
+    script = Path(sys.executable).parent / "impala"
+    if not script.is_file():
+        pytest.skip("no installed console script")
+    (tmp_path / "my_guess_env.py").write_text(USER_ENV_FILE)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    args = ["env.id=my_guess_env:Guess", "runner.backend=subprocess", "max_env_steps=2048"]
+    proc = subprocess.run(
+        [str(script), "train", *args, *QUIET, "--run-dir", str(tmp_path / "run")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["stopped_because"] == "max_env_steps" and summary["env_steps"] >= 2048
+
+
 def test_train_without_a_terminal_prints_only_the_summary_json_on_stdout(tmp_path):
     """``impala train cartpole > summary.json``: stdout is a pipe, and it holds the summary
     JSON alone; the console's epoch lines are logs, on stderr, each row once, and a background
@@ -152,6 +200,11 @@ ERROR_CASES = {
     "bad value": (["train", "cartpole", "algorithm.lr=fast"], "algorithm.lr"),
     "out of range": (["train", "cartpole", "algorithm.epoch_length=0"], "algorithm.epoch_length"),
     "unknown env id": (["train", "cartpole", "env.id=NoSuchEnv-v0"], "NoSuchEnv"),
+    "env module not found": (
+        ["train", "cartpole", "env.id=no_such_module_here:make_env"],
+        "'no_such_module_here' (No module named 'no_such_module_here'); its directory must be "
+        "the working directory or on PYTHONPATH",
+    ),
     "factory raises": (
         ["train", "cartpole", "env.id=nan_env:make_raising_env"],
         "this factory always fails",

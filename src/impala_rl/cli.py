@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -282,7 +283,17 @@ def main(argv: list[str] | None = None) -> int:
     from impala_rl.console_output import console_loss_tolerated
 
     with console_loss_tolerated():
+        _working_directory_importable()
         return _command(argv)
+
+
+def _working_directory_importable() -> None:
+    """``env.id=my_env:make_env`` or an import-path network of a file in the working directory
+    imports, as under ``python -m``: a console script's ``sys.path`` starts at its own ``bin``
+    directory instead. Actor processes and Ray's workers take the parent's ``sys.path``."""
+    cwd = os.getcwd()
+    if not any(entry in ("", ".") or os.path.abspath(entry) == cwd for entry in sys.path):
+        sys.path.insert(0, cwd)
 
 
 def _command(argv: list[str] | None) -> int:

@@ -121,7 +121,12 @@ def _import_target(spec: str) -> Callable[..., gym.Env] | str:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise EnvError(f"env.id {spec!r}: cannot import module {module_name!r} ({exc})") from None
+        where = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0]:
+            where = "; its directory must be the working directory or on PYTHONPATH"
+        raise EnvError(
+            f"env.id {spec!r}: cannot import module {module_name!r} ({exc}){where}"
+        ) from None
     target: Any = module
     for part in attr.split("."):
         target = getattr(target, part, None)

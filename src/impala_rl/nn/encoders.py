@@ -279,7 +279,8 @@ class ImportedEncoder(nn.Module):
             target: Any = importlib.import_module(module_name)
         except ImportError as exc:
             raise self._error(
-                f"cannot import module {module_name!r} ({exc}; is its directory on PYTHONPATH?)"
+                f"cannot import module {module_name!r} ({exc}; is its directory the working "
+                "directory or on PYTHONPATH?)"
             ) from None
         for part in attr.split("."):
             if not hasattr(target, part):
