@@ -78,6 +78,34 @@ def test_module_colon_attribute_that_is_neither_callable_nor_id_is_refused(fake_
         EnvFactory("impala_no_such_module:Thing-v0")()
 
 
+class _SizedEnv(gym.Env):
+    def __init__(self, size: int):
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (size,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(self.observation_space.shape, np.float32), {}
+
+
+def _raising_env(size: int) -> gym.Env:
+    raise TypeError("the env's own TypeError")
+
+
+def test_a_factory_whose_arguments_do_not_fit_env_kwargs_says_where_they_come_from():
+    """A required argument left out or a misspelt one: the factory's TypeError, and that its
+    arguments are given as env.kwargs; a TypeError of the factory's own work keeps its text."""
+    module = f"{__name__}:_SizedEnv"
+    hint = r"; its arguments are given as env.kwargs.NAME=VALUE \(given: {}\)$"
+    with pytest.raises(EnvError, match=r"missing 1 required .* 'size'" + hint.format("none")):
+        EnvFactory(module)()
+    with pytest.raises(EnvError, match=r"'sise'" + hint.format("env.kwargs.sise")):
+        EnvFactory(module, {"sise": 3})()
+    assert EnvFactory(module, {"size": 3})().observation_space.shape == (3,)
+    with pytest.raises(EnvError, match=r"raised TypeError: the env's own TypeError$"):
+        EnvFactory(f"{__name__}:_raising_env", {"size": 3})()
+
+
 def test_minigrid_ids_build_as_typed():
     """In a fresh interpreter (nothing imported minigrid yet) both forms a user types build
     the env, whose Dict observation reaches the model with its mission as words."""

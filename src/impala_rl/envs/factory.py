@@ -290,6 +290,19 @@ def _pettingzoo_hint(env_id: str) -> str:
     return ""
 
 
+def _kwargs_hint(fn: Callable[..., gym.Env], kwargs: dict[str, Any]) -> str:
+    """Where a factory's arguments come from, when ``kwargs`` do not fit its signature (a
+    required argument missing, one it does not take)."""
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError:
+        given = ", ".join(f"env.kwargs.{k}" for k in kwargs) or "none"
+        return f"; its arguments are given as env.kwargs.NAME=VALUE (given: {given})"
+    except ValueError:  # no signature to read (a builtin)
+        pass
+    return ""
+
+
 def unreadable_file(exc: OSError) -> str:
     """What an env's failed file read means: a file of an installed package (an incomplete
     release, e.g. minigrid 3.2.0's WFC patterns) or one the user's settings name."""
@@ -413,6 +426,7 @@ class EnvFactory:
             except Exception as exc:
                 raise EnvError(
                     f"env factory {self.env_id!r} raised {type(exc).__name__}: {exc}"
+                    f"{_kwargs_hint(fn, self.kwargs)}"
                 ) from exc
             if not isinstance(env, gym.Env):
                 raise EnvError(
