@@ -67,6 +67,15 @@ def _tiny_run(run_dir: Path) -> dict:
     return impala_rl.train("cartpole", [*QUIET, *TINY], run_dir=run_dir)
 
 
+def test_version_prints_the_installed_version(capsys):
+    from impala_rl import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"impala-rl {impala_rl.__version__}"
+
+
 # -- train ---------------------------------------------------------------------------------------
 
 

@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EPILOG,
     )
+    from impala_rl import __version__
+
+    parser.add_argument("--version", action="version", version=f"impala-rl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser(
         "train",
