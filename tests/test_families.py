@@ -54,8 +54,8 @@ def test_classic_control_learns_pendulum(tmp_path, monkeypatch):
 def test_box2d_learns_lunar_lander(tmp_path, monkeypatch):
     """LunarLander-v3: the training return climbs from a random policy's ~-150 past 0 within
     480k env steps, where the run stops; the update compiled (a run of 10,000+ optimizer
-    steps). Seeds 0-5 passed 0 at 41k-184k, seed 0 at 122k (a 2-core Intel Xeon; on another
-    CPU seed 0 was at +26 by 205k)."""
+    steps). Seeds 0-5 passed 0 at 41k-184k, seed 0 at 122k (a 2-core Intel Xeon; when this
+    test was written, seed 0 was at +26 by 205k)."""
     pytest.importorskip("Box2D")
     budget = 480_000
     stop_once_train_return_reaches(monkeypatch, 0)

@@ -432,7 +432,8 @@ def test_num_passes_takes_that_many_optimizer_steps_per_batch(tmp_path):
 
 def test_num_passes_two_still_solves_cartpole(tmp_path):
     # Seeds 0-9 solve at 1.9k-34.6k env steps (a 2-core Intel Xeon); seed 0, this one, at
-    # 7.7k there, at 30.7k on another CPU: its reach point is a draw of that spread.
+    # 7.7k there, at 30.7k where this test was written: its reach point is a draw of that
+    # spread.
     summary = _train(tmp_path, "algorithm.num_passes=2", f"max_env_steps={LEARNING_BUDGET}")
     assert summary["stopped_because"] == "target_return", summary
 
