@@ -121,11 +121,9 @@ def _import_target(spec: str) -> Callable[..., gym.Env] | str:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        where = ""
-        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0]:
-            where = "; its directory must be the working directory or on PYTHONPATH"
         raise EnvError(
-            f"env.id {spec!r}: cannot import module {module_name!r} ({exc}){where}"
+            f"env.id {spec!r}: cannot import module {module_name!r} ({exc})"
+            f"{where_a_module_lies(exc, module_name)}"
         ) from None
     target: Any = module
     for part in attr.split("."):
@@ -190,6 +188,14 @@ def session_callables(tree: Any) -> bytes | None:
             if target is not None:
                 found[node] = target
     return cloudpickle.dumps(found) if found else None
+
+
+def where_a_module_lies(exc: ImportError, module_name: str) -> str:
+    """Where a user's module must lie, when ``exc`` is its own top-level package missing (not
+    an import inside it): ``impala`` looks in the working directory and ``PYTHONPATH``."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0]:
+        return "; its directory must be the working directory or on PYTHONPATH"
+    return ""
 
 
 def carried_callable(spec: str) -> Any | None:

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from impala_rl.config import ACTIVATIONS, ENCODERS, ConfigError, is_import_path
-from impala_rl.envs.factory import carried_callable
+from impala_rl.envs.factory import carried_callable, where_a_module_lies
 from impala_rl.envs.spaces import TextTokens
 
 _ACTIVATION_CLASSES: dict[str, type[nn.Module]] = {
@@ -278,10 +278,8 @@ class ImportedEncoder(nn.Module):
         try:
             target: Any = importlib.import_module(module_name)
         except ImportError as exc:
-            raise self._error(
-                f"cannot import module {module_name!r} ({exc}; is its directory the working "
-                "directory or on PYTHONPATH?)"
-            ) from None
+            where = where_a_module_lies(exc, module_name)
+            raise self._error(f"cannot import module {module_name!r} ({exc}){where}") from None
         for part in attr.split("."):
             if not hasattr(target, part):
                 raise self._error(f"module {module_name!r} has no attribute {attr!r}")
