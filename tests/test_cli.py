@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
@@ -149,6 +150,61 @@ def test_an_env_in_a_file_of_the_working_directory_trains_in_actor_processes(tmp
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["stopped_because"] == "max_env_steps" and summary["env_steps"] >= 2048
+
+    # the run keeps where the module lay: its evaluation and its resume from another directory
+    # import it from there, with no PYTHONPATH
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = str(tmp_path / "run")
+    proc = subprocess.run(
+        [str(script), "eval", run, "--episodes", "2"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["episodes"] == 2
+    resumed = [str(script), "train", "--resume", run, "max_env_steps=4096", *QUIET]
+    proc = subprocess.run(
+        resumed, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["env_steps"] >= 4096
+
+    # moved away: the error names the module and where it must lie
+    (tmp_path / "my_guess_env.py").rename(elsewhere / "kept.py")
+    proc = subprocess.run(
+        [str(script), "eval", run, "--episodes", "1"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert "cannot import module 'my_guess_env'" in proc.stderr
+    assert "working directory or on PYTHONPATH" in proc.stderr
+
+
+def test_a_run_keeps_the_directories_of_the_users_modules_only(tmp_path, monkeypatch):
+    """A checkpoint keeps the directory a user's env module was imported from, not that of an
+    installed package (gymnasium) nor of a string that names no imported module."""
+    from impala_rl.envs.factory import user_module_dirs
+
+    (tmp_path / "my_guess_env.py").write_text(USER_ENV_FILE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("my_guess_env")
+    try:
+        tree = {
+            "env": {"id": "my_guess_env:Guess"},
+            "model": {"encoder": "gymnasium.envs.classic_control:CartPoleEnv", "x": ["no:x"]},
+        }
+        assert user_module_dirs(tree) == [str(tmp_path.resolve())]
+        assert user_module_dirs({"env": {"id": "gymnasium.envs:CartPole-v1"}}) == []
+    finally:
+        sys.modules.pop("my_guess_env")
 
 
 def test_train_without_a_terminal_prints_only_the_summary_json_on_stdout(tmp_path):

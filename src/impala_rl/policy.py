@@ -19,6 +19,7 @@ from impala_rl import checkpoint
 from impala_rl.config import RunConfig, config_from_dict, to_dict
 from impala_rl.decisions import DecisionStreams, LocalActing
 from impala_rl.envs import EnvFactory
+from impala_rl.envs.factory import make_importable
 from impala_rl.envs.spaces import is_text
 from impala_rl.envs.structured import ACTION_MASK, OutsideActionMask, is_structured
 from impala_rl.nn import Model
@@ -36,6 +37,7 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> 
     if not last.is_file():
         raise RunDirError(f"{str(run_dir)!r} is not a run directory (no checkpoints/last.pt)")
     data = checkpoint.load(last)
+    make_importable(data.get("module_dirs", []))
     from impala_rl.config import load_config
 
     base = config_from_dict(data["config"])
@@ -296,6 +298,7 @@ def load_policy(run_dir: str | Path, which: str = "best") -> Policy:
     if not path.is_file():
         raise RunDirError(f"{str(run_dir)!r} has no checkpoints/{which}.pt")
     data = checkpoint.load(path)
+    make_importable(data.get("module_dirs", []))  # the user's env or network, from elsewhere
     cfg = config_from_dict(data["config"])
     env_factory = EnvFactory.of(cfg.env)
     env = env_factory()

@@ -38,6 +38,7 @@ from impala_rl.config import (
 )
 from impala_rl.distributed import LearnerGroupError, Rendezvous, learner_device
 from impala_rl.envs import EnvError
+from impala_rl.envs.factory import user_module_dirs
 from impala_rl.evaluation import (
     BackgroundEvaluator,
     EvaluationResult,
@@ -142,6 +143,7 @@ class Trainer:
         self.env_factory, self.eval_env_factory = probe.env_factory, probe.eval_env_factory
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         model = probe.model
+        self._module_dirs = user_module_dirs(self._config_dict)  # imported by the probe
         alg = cfg.algorithm
         check_num_minibatches(alg, alg.actors_batch_size * alg.envs_per_actor * model.n_agents)
         self.learner = Learner(model, alg, self.device, planned_steps=planned_optimizer_steps(cfg))
@@ -257,6 +259,7 @@ class Trainer:
             "recent_returns": list(self.recent_returns),
             "rng": checkpoint.rng_state(),
             "config": self._config_dict,
+            "module_dirs": self._module_dirs,
         }
         if self.learner.target_model is not None:  # appo's target network
             payload["target_model"] = self._finite_model_state(self.learner.target_model)
@@ -274,6 +277,7 @@ class Trainer:
             "format": checkpoint.CHECKPOINT_FORMAT,
             "model": self._finite_model_state(model),
             "config": self._config_dict,
+            "module_dirs": self._module_dirs,
             "counters": {**self.counters.__dict__, "epoch": epoch},
         }
         with self._saving:

@@ -198,6 +198,41 @@ def where_a_module_lies(exc: ImportError, module_name: str) -> str:
     return ""
 
 
+def user_module_dirs(tree: Any) -> list[str]:
+    """The directories of the user's own modules that the ``package.module:attr`` strings
+    anywhere in ``tree`` (a run's config as a dict: the env, an encoder) were imported from,
+    for a checkpoint to keep: ``impala eval`` or a resume started in another directory finds
+    them there (:func:`make_importable`). An installed package's directory is not one."""
+    installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    found: set[str] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+        elif isinstance(node, str) and ":" in node:
+            top = node.partition(":")[0].split(".")[0]
+            file = getattr(sys.modules.get(top), "__file__", None)
+            if top in ("", "__main__", "impala_rl") or not file:
+                continue
+            path = Path(os.path.realpath(file))
+            directory = str(path.parent.parent if path.name == "__init__.py" else path.parent)
+            if not any(directory == p or directory.startswith(p + os.sep) for p in installed):
+                found.add(directory)
+    return sorted(found)
+
+
+def make_importable(directories: list[str]) -> None:
+    """Put those of ``directories`` (:func:`user_module_dirs`) that still exist at the end of
+    ``sys.path``: a module of the same name found earlier (the working directory, PYTHONPATH)
+    still wins. Processes started later (actors, an evaluation) take this ``sys.path``."""
+    for directory in directories:
+        if os.path.isdir(directory) and directory not in sys.path:
+            sys.path.append(directory)
+
+
 def carried_callable(spec: str) -> Any | None:
     """What ``spec`` names among the callables carried into this process, else ``None``."""
     return _CARRIED_SESSION.get(spec)
