@@ -216,6 +216,7 @@ def run_one(name: str, lib: str, seed: int, out: Path, impala_args: list[str]) -
         "wall_s": wall,
         "score": score,
         "load": round(load, 2),
+        "episodes": spec.episodes,
         **({"impala_args": impala_args} if lib == "impala" and impala_args else {}),
         **provenance(),
     }
@@ -369,6 +370,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/any-env"))
     parser.add_argument("--impala-args", nargs="*", default=[], help="extra key=value settings")
     parser.add_argument("--steps", type=int, help="every env's budget (a smoke test)")
+    parser.add_argument(
+        "--episodes",
+        type=int,
+        help="every env's evaluation episodes (a stochastic env's score to more digits); kept "
+        "in each record",
+    )
     parser.add_argument("--table", type=Path, help="print the table of a finished OUT and exit")
     parser.add_argument(
         "--carry",
@@ -392,6 +399,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.steps:
         for name, spec in ENVS.items():
             ENVS[name] = dataclasses.replace(spec, steps=args.steps, episodes=2)
+    if args.episodes:
+        for name, spec in ENVS.items():
+            ENVS[name] = dataclasses.replace(spec, episodes=args.episodes)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "command.txt").write_text(" ".join([sys.executable, *sys.argv]) + "\n")
     results = load_results(args.out)
