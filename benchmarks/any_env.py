@@ -22,6 +22,7 @@ change in the machine's load falls on both.
     python benchmarks/any_env.py --out runs/any-env               # every env, seeds 0 1 2
     python benchmarks/any_env.py --envs gridworld catch --seeds 0 --out runs/any-env-try
     python benchmarks/any_env.py --table runs/any-env             # the table of what is done
+    python benchmarks/any_env.py --envs frozenlake --episodes 1000 --out runs/fl  # 1,000 episodes
     python benchmarks/any_env.py --carry benchmarks/results/any_env.json --out runs/any-env
 
 The records that made docs/results.md's table are kept in ``benchmarks/results/any_env.json``;
