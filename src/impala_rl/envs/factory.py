@@ -203,7 +203,7 @@ def user_module_dirs(tree: Any) -> list[str]:
     anywhere in ``tree`` (a run's config as a dict: the env, an encoder) were imported from,
     for a checkpoint to keep: ``impala eval`` or a resume started in another directory finds
     them there (:func:`make_importable`). An installed package's directory is not one."""
-    installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    installed = {os.path.realpath(p) for p in _installed_dirs()}
     found: set[str] = set()
     stack = [tree]
     while stack:
@@ -222,6 +222,18 @@ def user_module_dirs(tree: Any) -> list[str]:
             if not any(directory == p or directory.startswith(p + os.sep) for p in installed):
                 found.add(directory)
     return sorted(found)
+
+
+def _installed_dirs() -> list[str]:
+    """Where installed modules lie: the standard library and every site-packages directory
+    (a user's project may lie under ``sys.prefix``, e.g. ``/usr/src/app`` under ``/usr``)."""
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    found = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
+    found += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    return [*found, site.getusersitepackages()]
 
 
 def make_importable(directories: list[str]) -> None:
