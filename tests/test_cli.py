@@ -156,33 +156,23 @@ def test_an_env_in_a_file_of_the_working_directory_trains_in_actor_processes(tmp
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     run = str(tmp_path / "run")
-    proc = subprocess.run(
-        [str(script), "eval", run, "--episodes", "2"],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+
+    def impala_elsewhere(*args: str) -> subprocess.CompletedProcess:
+        command = [str(script), *args]
+        return subprocess.run(
+            command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300
+        )
+
+    proc = impala_elsewhere("eval", run, "--episodes", "2")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["episodes"] == 2
-    resumed = [str(script), "train", "--resume", run, "max_env_steps=4096", *QUIET]
-    proc = subprocess.run(
-        resumed, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300
-    )
+    proc = impala_elsewhere("train", "--resume", run, "max_env_steps=4096", *QUIET)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["env_steps"] >= 4096
 
     # moved away: the error names the module and where it must lie
     (tmp_path / "my_guess_env.py").rename(elsewhere / "kept.py")
-    proc = subprocess.run(
-        [str(script), "eval", run, "--episodes", "1"],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = impala_elsewhere("eval", run, "--episodes", "1")
     assert proc.returncode == 2
     assert "cannot import module 'my_guess_env'" in proc.stderr
     assert "working directory or on PYTHONPATH" in proc.stderr

@@ -33,7 +33,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,18 +176,26 @@ def session_callables(tree: Any) -> bytes | None:
     ``tree`` (a run's config as a dict: the env, an encoder) name, pickled by value for a
     process that builds the run again from its config (a further learner); ``None`` when
     there are none."""
-    found, stack = {}, [tree]
+    found = {}
+    for text in config_strings(tree):
+        if text.startswith("__main__:"):
+            target = session_callable(text)
+            if target is not None:
+                found[text] = target
+    return cloudpickle.dumps(found) if found else None
+
+
+def config_strings(tree: Any) -> Iterator[str]:
+    """Every string anywhere in ``tree`` (a run's config as a dict, lists and tuples)."""
+    stack = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
             stack.extend(node.values())
         elif isinstance(node, list | tuple):
             stack.extend(node)
-        elif isinstance(node, str) and node.startswith("__main__:"):
-            target = session_callable(node)
-            if target is not None:
-                found[node] = target
-    return cloudpickle.dumps(found) if found else None
+        elif isinstance(node, str):
+            yield node
 
 
 def where_a_module_lies(exc: ImportError, module_name: str) -> str:
@@ -205,22 +213,15 @@ def user_module_dirs(tree: Any) -> list[str]:
     them there (:func:`make_importable`). An installed package's directory is not one."""
     installed = {os.path.realpath(p) for p in _installed_dirs()}
     found: set[str] = set()
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            stack.extend(node.values())
-        elif isinstance(node, list | tuple):
-            stack.extend(node)
-        elif isinstance(node, str) and ":" in node:
-            top = node.partition(":")[0].split(".")[0]
-            file = getattr(sys.modules.get(top), "__file__", None)
-            if top in ("", "__main__", "impala_rl") or not file:
-                continue
-            path = Path(os.path.realpath(file))
-            directory = str(path.parent.parent if path.name == "__init__.py" else path.parent)
-            if not any(directory == p or directory.startswith(p + os.sep) for p in installed):
-                found.add(directory)
+    for text in config_strings(tree):
+        top = text.partition(":")[0].split(".")[0] if ":" in text else ""
+        file = getattr(sys.modules.get(top), "__file__", None)
+        if top in ("", "__main__", "impala_rl") or not file:
+            continue
+        path = Path(os.path.realpath(file))
+        directory = str(path.parent.parent if path.name == "__init__.py" else path.parent)
+        if not any(directory == p or directory.startswith(p + os.sep) for p in installed):
+            found.add(directory)
     return sorted(found)
 
 
