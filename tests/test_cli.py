@@ -192,6 +192,8 @@ def test_a_run_keeps_the_directories_of_the_users_modules_only(tmp_path, monkeyp
             "model": {"encoder": "gymnasium.envs.classic_control:CartPoleEnv", "x": ["no:x"]},
         }
         assert user_module_dirs(tree) == [str(tmp_path.resolve())]
+        registered = {"env": {"id": "my_guess_env:Guess-v0"}}  # the package:EnvId form
+        assert user_module_dirs(registered) == [str(tmp_path.resolve())]
         assert user_module_dirs({"env": {"id": "gymnasium.envs:CartPole-v1"}}) == []
     finally:
         sys.modules.pop("my_guess_env")

@@ -211,17 +211,18 @@ def user_module_dirs(tree: Any) -> list[str]:
     anywhere in ``tree`` (a run's config as a dict: the env, an encoder) were imported from,
     for a checkpoint to keep: ``impala eval`` or a resume started in another directory finds
     them there (:func:`make_importable`). An installed package's directory is not one."""
-    installed = {os.path.realpath(p) for p in _installed_dirs()}
+    installed = [Path(p).resolve() for p in _installed_dirs()]
     found: set[str] = set()
-    for text in config_strings(tree):
-        top = text.partition(":")[0].split(".")[0] if ":" in text else ""
+    for text in config_strings(tree):  # env.id's "package:EnvId-v0" is no import path
+        module, colon, _ = text.partition(":")
+        top = module.split(".")[0] if colon else ""
         file = getattr(sys.modules.get(top), "__file__", None)
         if top in ("", "__main__", "impala_rl") or not file:
             continue
-        path = Path(os.path.realpath(file))
-        directory = str(path.parent.parent if path.name == "__init__.py" else path.parent)
-        if not any(directory == p or directory.startswith(p + os.sep) for p in installed):
-            found.add(directory)
+        path = Path(file).resolve()
+        directory = path.parent.parent if path.name == "__init__.py" else path.parent
+        if not any(directory.is_relative_to(p) for p in installed):
+            found.add(str(directory))
     return sorted(found)
 
 
@@ -232,9 +233,8 @@ def _installed_dirs() -> list[str]:
     import sysconfig
 
     paths = sysconfig.get_paths()
-    found = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
-    found += site.getsitepackages() if hasattr(site, "getsitepackages") else []
-    return [*found, site.getusersitepackages()]
+    found = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    return [*found, *site.getsitepackages(), site.getusersitepackages()]
 
 
 def make_importable(directories: list[str]) -> None:
