@@ -71,9 +71,9 @@ def event_table() -> str:
         for name, spec in sorted(event_specs(iface).items()):
             key = f"/<{spec.group_by}>" if spec.group_by else ""
             outs = ", ".join(f"`{stat_name(name, o.name)}{key}`" for o in spec.outputs)
-            lines.append(
-                f"| `{iface.__name__}.{name}({', '.join(spec.fields)})` | {outs} | {spec.doc} |"
-            )
+            doc = " ".join(spec.doc.split())  # a docstring's lines, one table row
+            call = f"{iface.__name__}.{name}({', '.join(spec.fields)})"
+            lines.append(f"| `{call}` | {outs} | {doc} |")
     return "\n".join(lines)
 
 

@@ -102,12 +102,13 @@ def _expected_names(group: object = 0) -> dict[str, set[str]]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One short real run with TensorBoard, linear learning-rate and entropy schedules and an
-    entropy floor."""
+    """One short real run with TensorBoard, linear learning-rate and entropy schedules, an
+    entropy floor and a PopArt critic."""
     run_dir = tmp_path_factory.mktemp("events") / "run"
     # a floor no decision is under: its event is written, the run's losses unchanged
     floor = ["algorithm.entropy_floor=0.0"]
-    cfg = load_config("cartpole", [*SHORT, *LINEAR_LR, *LINEAR_ENTROPY, *floor])
+    popart = ["model.popart=true"]  # its statistics' events are written
+    cfg = load_config("cartpole", [*SHORT, *LINEAR_LR, *LINEAR_ENTROPY, *floor, *popart])
     trainer = Trainer(cfg, run_dir=run_dir)
     summary = trainer.train()
     return types.SimpleNamespace(

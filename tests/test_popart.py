@@ -80,3 +80,25 @@ def test_policy_gradient_is_invariant_to_the_reward_scale_with_popart(popart):
         torch.testing.assert_close(
             large.critics["0"].head.sigma, small.critics["0"].head.sigma * 100
         )
+
+
+@pytest.mark.parametrize("popart", [True, False])
+def test_an_update_reports_the_statistics_it_gave_each_popart_head(popart):
+    """The update's ``critic_popart_mu`` / ``critic_popart_sigma`` are the head's statistics
+    after it (moved towards returns of scale 100); a critic without PopArt reports none."""
+    space = gym.spaces.Box(-5, 5, (4,))
+    torch.manual_seed(1)
+    model = build_model(
+        ModelConfig(hidden_sizes=[16], popart=popart, popart_beta=0.5),
+        space,
+        gym.spaces.Discrete(2),
+    )
+    learner = Learner(model, ImpalaAlgorithmConfig(reward_clipping="none"))
+    stats = learner.update(_batch(model, 100.0))
+    if not popart:
+        assert stats.critic_popart_mu == stats.critic_popart_sigma == {}
+        return
+    head = model.critics["0"].head
+    assert stats.critic_popart_mu == {0: pytest.approx(float(head.mu), rel=1e-6)}
+    assert stats.critic_popart_sigma == {0: pytest.approx(float(head.sigma), rel=1e-6)}
+    assert stats.critic_popart_sigma[0] > 10.0  # moved from 1 towards the returns' scale

@@ -104,6 +104,16 @@ class ImpalaEvents:
         """Gradient norm of a critic's parameters before clipping."""
 
     @epoch_stats(group_by="critic_key")
+    def critic_popart_mu(self, critic_key, value):
+        """PopArt's running mean of a critic's V-trace targets after the update
+        (``model.popart``; recorded where it is set)."""
+
+    @epoch_stats(group_by="critic_key")
+    def critic_popart_sigma(self, critic_key, value):
+        """PopArt's scale of a critic's V-trace targets after the update: the critic learns
+        targets divided by it (``model.popart``; recorded where it is set)."""
+
+    @epoch_stats(group_by="critic_key")
     def critic_value(self, critic_key, value):
         """Mean value estimate of a critic over the batch."""
 

@@ -66,6 +66,8 @@ class UpdateStats:
     entropy_coef: float
     timings: dict[str, float] = field(default_factory=dict)
     policy_below_entropy_floor: dict[int, float] = field(default_factory=dict)
+    critic_popart_mu: dict[int, float] = field(default_factory=dict)
+    critic_popart_sigma: dict[int, float] = field(default_factory=dict)
 
 
 log = logging.getLogger(__name__)
@@ -956,6 +958,8 @@ class Learner:
             entropy_coef=entropy_coef,
             timings=timings,
             policy_below_entropy_floor=figures.get("policy_below_entropy_floor", {}),
+            critic_popart_mu=figures.get("critic_popart_mu", {}),
+            critic_popart_sigma=figures.get("critic_popart_sigma", {}),
         )
 
     def _update_graph(self) -> UpdateGraph | None:
@@ -1077,6 +1081,8 @@ class Learner:
                 "policy_below_entropy_floor": below_floor,
                 "critic_value_loss": value_loss,
                 "critic_value": {c: _rows(values, critic_rows[c]).mean() for c in value_loss},
+                "critic_popart_mu": {c: mu for c, (mu, _) in popart_new.items()},
+                "critic_popart_sigma": {c: sigma_of(*moved) for c, moved in popart_new.items()},
                 "vtrace_mean_rho": {k: r.mean() for k, r in rhos.items()},
                 # a relative tolerance keeps float noise of on-policy ratios (1+1e-7) from counting
                 "vtrace_clipped_fraction": {

@@ -593,6 +593,9 @@ class Trainer:
             ev.critic_value_loss(key, value)
             ev.critic_value(key, stats.critic_value[key])
             ev.critic_grad_norm(key, stats.critic_grad_norm[key])
+            if key in stats.critic_popart_sigma:
+                ev.critic_popart_mu(key, stats.critic_popart_mu[key])
+                ev.critic_popart_sigma(key, stats.critic_popart_sigma[key])
         ev.total_loss(stats.total_loss)
         ev.grad_norm(stats.grad_norm)
         ev.learning_rate(stats.learning_rate)
