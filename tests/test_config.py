@@ -524,6 +524,7 @@ def test_choice_tuples_are_defined_once():
         (["model.actor_hidden_sizes=[]"], "model.actor_hidden_sizes"),
         (["model.encoder=minatar_cnn", "model.normalize_obs=true"], "model.normalize_obs"),
         (["model.init=xavier"], "model.init"),
+        (["model.popart=true", "model.popart_sigma_min=0"], "model.popart_sigma_min"),
     ],
 )
 def test_model_knobs_that_cannot_apply_are_refused_by_name(overrides, field):

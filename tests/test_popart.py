@@ -29,6 +29,30 @@ def test_a_statistics_update_preserves_the_unnormalized_outputs():
     torch.testing.assert_close(head(x).detach(), before, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("sigma_min", [1e-4, 1.0])
+def test_the_scale_never_goes_under_its_floor(sigma_min):
+    """Targets of spread 0.2 give the scale 0.2, or the floor above it; outputs preserved."""
+    torch.manual_seed(0)
+    head = PopArtValueHead(5, beta=1.0, sigma_min=sigma_min)
+    x = torch.randn(32, 5)
+    before = head(x).detach()
+    targets = torch.randn(10_000) * 0.2 + 0.5
+    head.set_statistics(*head.moved_statistics(targets))
+    assert float(head.sigma) == pytest.approx(max(0.2, sigma_min), rel=0.02)
+    assert float(head.mu) == pytest.approx(0.5, abs=0.01)
+    torch.testing.assert_close(head(x).detach(), before, rtol=1e-5, atol=1e-5)
+
+
+def test_a_models_popart_heads_take_the_configured_floor():
+    model = build_model(
+        ModelConfig(hidden_sizes=[8], popart=True, popart_sigma_min=0.5),
+        gym.spaces.Box(-1, 1, (3,)),
+        gym.spaces.Discrete(2),
+    )
+    assert [h.sigma_min for h in model.popart_heads().values()] == [0.5]
+    assert float(model.critics["0"].head.sigma) == 1.0  # nu starts at 1: above the floor
+
+
 def _batch(model, scale: float) -> dict[str, torch.Tensor]:
     """One CartPole unroll of ``model`` (4 envs x T 8, time-limit truncations), rewards times
     ``scale``."""

@@ -430,6 +430,10 @@ class ModelConfig:
     PopArt head per critic."""
     popart_beta: float = 3.0e-4
     """Step size of PopArt's running moments of the V-trace targets."""
+    popart_sigma_min: float = 1.0e-4
+    """The least scale PopArt divides by: targets of a smaller spread are learned on their own
+    scale (divided by this), as an unnormalized critic learns them. ``1.0``: PopArt only
+    scales returns larger than a freshly initialised value head's outputs."""
 
 
 @dataclass
@@ -720,6 +724,7 @@ def _share_actors_among_learners(cfg: RunConfig, given: set[str]) -> None:
 _NEEDS_SWITCH = (
     ("model.normalize_obs_center", "model.normalize_obs"),
     ("model.popart_beta", "model.popart"),
+    ("model.popart_sigma_min", "model.popart"),
 )
 
 
@@ -1016,6 +1021,9 @@ RULES: dict[str, Rule] = {
     ),
     "model.init": one_of(INITS),
     "model.popart_beta": Rule(lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "model.popart_sigma_min": Rule(
+        lambda v: _number(v) and 0 < v < 1e6, "a number > 0 and under 1e6 (PopArt's largest scale)"
+    ),
     "runner.backend": one_of(BACKENDS),
     "runner.start_method": one_of(START_METHODS),
     "runner.inference": one_of(INFERENCE_PLACES),

@@ -37,7 +37,6 @@ from impala_rl.distributed import LearnerGroup
 from impala_rl.nn import Model
 from impala_rl.nn.encoders import largest_image_side
 from impala_rl.nn.observations import Obs, map_obs, read_obs
-from impala_rl.nn.popart import sigma_of
 from impala_rl.rollout import columns
 
 STEP_TARGETS = "vs"  # the field that marks a block of decisions with its targets (step_blocks)
@@ -1082,7 +1081,9 @@ class Learner:
                 "critic_value_loss": value_loss,
                 "critic_value": {c: _rows(values, critic_rows[c]).mean() for c in value_loss},
                 "critic_popart_mu": {c: mu for c, (mu, _) in popart_new.items()},
-                "critic_popart_sigma": {c: sigma_of(*moved) for c, moved in popart_new.items()},
+                "critic_popart_sigma": {
+                    c: self._popart[c].sigma_of(*moved) for c, moved in popart_new.items()
+                },
                 "vtrace_mean_rho": {k: r.mean() for k, r in rhos.items()},
                 # a relative tolerance keeps float noise of on-policy ratios (1+1e-7) from counting
                 "vtrace_clipped_fraction": {
@@ -1170,7 +1171,7 @@ class Learner:
             if rows is not None and not bool(rows.any()) and all_sum is None:
                 continue
             popart_new[c] = head.moved_statistics(_rows(vt.vs, rows), all_sum)
-            sigma = sigma_of(*popart_new[c])
+            sigma = head.sigma_of(*popart_new[c])
             if rows is None:
                 pg_advantages = pg_advantages / sigma
             else:

@@ -39,7 +39,7 @@ from impala_rl.nn.encoders import MLPEncoder, is_cnn_image, make_encoder
 from impala_rl.nn.init import VALUE_HEAD
 from impala_rl.nn.normalization import DictObsNorm, RunningObsNorm, obs_norm_for
 from impala_rl.nn.observations import Obs, any_tensor
-from impala_rl.nn.popart import PopArtValueHead
+from impala_rl.nn.popart import SIGMA_MIN, PopArtValueHead
 
 __all__ = ["PRECISIONS", "ActorCritic", "PolicyNet", "ValueNet"]
 
@@ -69,16 +69,23 @@ class PolicyNet(nn.Module):
 
 class ValueNet(nn.Module):
     """One critic's value head (``[*batch, F] -> [*batch, 1]``; PopArt when ``popart_beta`` is
-    given) and its own torso; ``torso=None``: it reads its step key's policy torso."""
+    given, its scale at least ``popart_sigma_min``) and its own torso; ``torso=None``: it reads
+    its step key's policy torso."""
 
-    def __init__(self, torso: nn.Module | None, in_features: int, popart_beta: float | None):
+    def __init__(
+        self,
+        torso: nn.Module | None,
+        in_features: int,
+        popart_beta: float | None,
+        popart_sigma_min: float = SIGMA_MIN,
+    ):
         super().__init__()
         self.torso = torso
         self.head: nn.Linear | PopArtValueHead
         if popart_beta is None:
             self.head = out = nn.Linear(in_features, 1)
         else:
-            self.head = PopArtValueHead(in_features, popart_beta)
+            self.head = PopArtValueHead(in_features, popart_beta, popart_sigma_min)
             out = self.head.linear
         nn.init.orthogonal_(out.weight, gain=1.0)
         nn.init.zeros_(out.bias)
@@ -117,7 +124,8 @@ class ActorCritic(nn.Module):
     - ``normalize_obs``: running statistics per step key with vectors (per vector entry of a
       Dict; under ``auto`` an image is its CNN's),
       updated by the learner (``normalize_obs_center=False``: divided by the root mean square,
-      not centered); ``popart_beta``: a PopArt head per critic.
+      not centered); ``popart_beta``: a PopArt head per critic (its scale at least
+      ``popart_sigma_min``).
     - ``precision="bf16"``: torsos and core under bf16 autocast; ``channels_last``: image
       encoders keep activations channels-last.
     - ``mask_sizes``: the keys whose observations carry an action mask; ``n_agents``: the
@@ -147,6 +155,7 @@ class ActorCritic(nn.Module):
         normalize_obs: bool = False,
         normalize_obs_center: bool = True,
         popart_beta: float | None = None,
+        popart_sigma_min: float = SIGMA_MIN,
         encoder_kwargs: Mapping[str, Any] | None = None,
         dict_vectors: str = "joint",
         value_encoder: str | None = None,
@@ -244,7 +253,9 @@ class ActorCritic(nn.Module):
         )
         self.critics = nn.ModuleDict(
             {
-                str(c): ValueNet(t, head_in(t or torsos[self._policy_key(c)]), popart_beta)
+                str(c): ValueNet(
+                    t, head_in(t or torsos[self._policy_key(c)]), popart_beta, popart_sigma_min
+                )
                 for c, t in critic_torsos.items()
             }
         )

@@ -31,6 +31,7 @@ def _model_kwargs(model_cfg: ModelConfig) -> dict[str, Any]:
         "normalize_obs": model_cfg.normalize_obs,
         "normalize_obs_center": model_cfg.normalize_obs_center,
         "popart_beta": model_cfg.popart_beta if model_cfg.popart else None,
+        "popart_sigma_min": model_cfg.popart_sigma_min,
         "encoder_kwargs": dict(model_cfg.encoder_kwargs),
         "value_encoder": model_cfg.value_encoder,
         "value_encoder_kwargs": dict(model_cfg.value_encoder_kwargs),

@@ -19,22 +19,27 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-SIGMA_MIN = 1e-4
+SIGMA_MIN = 1e-4  # the default floor of the scale (``model.popart_sigma_min``)
 SIGMA_MAX = 1e6
 
 
-def sigma_of(mu: Tensor, nu: Tensor) -> Tensor:
-    """The standard deviation of statistics with first moment ``mu`` and second ``nu``."""
-    return (nu - mu.pow(2)).clamp(SIGMA_MIN**2, SIGMA_MAX**2).sqrt()
+def sigma_of(mu: Tensor, nu: Tensor, sigma_min: float = SIGMA_MIN) -> Tensor:
+    """The standard deviation of statistics with first moment ``mu`` and second ``nu``, at
+    least ``sigma_min``."""
+    return (nu - mu.pow(2)).clamp(sigma_min**2, SIGMA_MAX**2).sqrt()
 
 
 class PopArtValueHead(nn.Module):
-    """``[*batch, F]`` -> ``[*batch, 1]`` unnormalized values; statistics as buffers."""
+    """``[*batch, F]`` -> ``[*batch, 1]`` unnormalized values; statistics as buffers.
 
-    def __init__(self, in_features: int, beta: float = 3e-4):
+    ``sigma_min``: the scale never goes under it, so targets of a smaller spread are learned
+    as they are (only divided by ``sigma_min``)."""
+
+    def __init__(self, in_features: int, beta: float = 3e-4, sigma_min: float = SIGMA_MIN):
         super().__init__()
         self.linear = nn.Linear(in_features, 1)
         self.beta = float(beta)
+        self.sigma_min = float(sigma_min)
         self.register_buffer("mu", torch.zeros(()))
         self.register_buffer("nu", torch.ones(()))  # second moment: sigma starts at 1
 
@@ -44,7 +49,11 @@ class PopArtValueHead(nn.Module):
 
     @property
     def sigma(self) -> Tensor:
-        return sigma_of(self.mu, self.nu)
+        return self.sigma_of(self.mu, self.nu)
+
+    def sigma_of(self, mu: Tensor, nu: Tensor) -> Tensor:
+        """This head's scale for the statistics ``(mu, nu)`` (its floor applied)."""
+        return sigma_of(mu, nu, self.sigma_min)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear(x) * self.sigma + self.mu
