@@ -10,8 +10,9 @@ budget, timed from the process's start to its exit:
   Dict), on the env with the wrapper its users put there where SB3 needs one to run at all
   (MiniGrid: ``FlatObsWrapper``, RL-Zoo's).
 
-Then the final policy of each run plays ``--episodes`` deterministic episodes on fresh envs
-with the same seeds for both (its score: the mean return). The table gives, per env, the
+Then the final policy of each run plays its env's number of deterministic episodes (20;
+FrozenLake 1,000, where one of 20 would be 0.05; ``--episodes`` for all) on fresh envs with
+the same seeds for both (its score: the mean return). The table gives, per env, the
 median over seeds of the score and of the wall time of each library and the ratios
 (impala-rl / SB3). Everything lands in ``OUT/results.json`` as it finishes (commands started
 side by side into one OUT keep each other's records): a killed run is started again with the
@@ -22,12 +23,13 @@ change in the machine's load falls on both.
     python benchmarks/any_env.py --out runs/any-env               # every env, seeds 0 1 2
     python benchmarks/any_env.py --envs gridworld catch --seeds 0 --out runs/any-env-try
     python benchmarks/any_env.py --table runs/any-env             # the table of what is done
-    python benchmarks/any_env.py --envs frozenlake --episodes 1000 --out runs/fl  # 1,000 episodes
+    python benchmarks/any_env.py --envs taxi --episodes 100 --out runs/taxi  # 100 episodes each
     python benchmarks/any_env.py --carry benchmarks/results/any_env.json --out runs/any-env
 
 The records that made docs/results.md's table are kept in ``benchmarks/results/any_env.json``;
 ``--carry`` starts from them, so a later session runs only what is missing (a seed's two runs
-always come from one session: the time ratio is taken per seed).
+always come from one session: the time ratio is taken per seed; a record scored over another
+number of episodes is run again).
 
 One run at a time: SB3 takes torch's threads (one per core), and two SB3 runs on two cores
 each with two threads crawl (Unlock: unfinished after 19 minutes, ~2 minutes alone). To screen
@@ -117,7 +119,9 @@ ENVS: dict[str, Env] = {
     ),
     "inverted-double-pendulum": Env("InvertedDoublePendulum-v5", 200_000, kind="MuJoCo"),
     "taxi": Env("Taxi-v4", 100_000, kind="toy text, Discrete observation"),
-    "frozenlake": Env("FrozenLake-v1", 100_000, kind="toy text, slippery ice (Discrete)"),
+    "frozenlake": Env(  # one episode of 20 would be 0.05: the optimum, 0.744, reads 0.65-0.75
+        "FrozenLake-v1", 100_000, kind="toy text, slippery ice (Discrete)", episodes=1000
+    ),
     "cliffwalking": Env("CliffWalking-v1", 100_000, kind="toy text, a cliff (Discrete)"),
     "breakout-ram": Env(  # SB3: gym.make("ALE/Breakout-v5", obs_type="ram"), as its users write it
         "ALE/Breakout-ram-v5", 500_000, kind="an ALE game's RAM (128 bytes)", episodes=10
@@ -129,6 +133,20 @@ ENVS: dict[str, Env] = {
         "highway_env:highway-fast-v0", 20_000, kind="third-party package, slow steps", episodes=10
     ),
 }
+DEFAULT_EPISODES = {name: spec.episodes for name, spec in ENVS.items()}  # before --episodes
+
+
+EPISODES_BEFORE_THE_KEY = {"frozenlake": 20}
+"""A record without ``episodes`` was scored over its env's default then: today's, but these."""
+
+
+def scored_as_now(record: dict[str, Any]) -> bool:
+    """Whether a record was scored over the episodes its env is scored over now."""
+    spec = ENVS.get(record["env"])
+    if spec is None:
+        return False
+    then = EPISODES_BEFORE_THE_KEY.get(record["env"], DEFAULT_EPISODES[record["env"]])
+    return record.get("episodes", then) == spec.episodes
 
 
 # -- one training run per process ------------------------------------------------------------
@@ -408,7 +426,8 @@ def main(argv: list[str] | None = None) -> None:
     results = load_results(args.out)
     if args.carry:  # records kept in the repo by an earlier session
         have = {(r["env"], r["lib"], r["seed"]) for r in results}
-        carried = json.loads(args.carry.read_text())
+        # scored over as many episodes as this command scores
+        carried = [r for r in json.loads(args.carry.read_text()) if scored_as_now(r)]
         # whole pairs only: a seed's two runs are timed in one session
         libs: dict[tuple[str, int], set[str]] = {}
         for r in carried:
