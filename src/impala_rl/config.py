@@ -431,9 +431,9 @@ class ModelConfig:
     popart_beta: float = 3.0e-4
     """Step size of PopArt's running moments of the V-trace targets."""
     popart_sigma_min: float = 1.0e-4
-    """The least scale PopArt divides by: targets of a smaller spread are learned on their own
-    scale (divided by this), as an unnormalized critic learns them. ``1.0``: PopArt only
-    scales returns larger than a freshly initialised value head's outputs."""
+    """The least scale PopArt divides by: targets of a narrower spread are learned on their own
+    scale (divided by this), as an unnormalized critic learns them. ``1.0``: only returns that
+    spread wider than a freshly initialised value head's outputs are normalized."""
 
 
 @dataclass
