@@ -1051,7 +1051,9 @@ class Learner:
             decided = slice(0, -1)
             vt = self._targets(batch, out, target_log_prob)
         rows_of, critic_rows = self._key_rows(batch, decided)
-        pg_advantages, value_loss_scale, popart_new = self._popart_step(vt, critic_rows)
+        pg_advantages, value_loss_scale, popart_new, popart_sigma = self._popart_step(
+            vt, critic_rows
+        )
         if self.cfg.normalize_advantages:
             pg_advantages = losses.normalize_advantages(pg_advantages)
         pg_loss, ent_loss, below_floor, value_loss, total = self._losses(
@@ -1081,9 +1083,7 @@ class Learner:
                 "critic_value_loss": value_loss,
                 "critic_value": {c: _rows(values, critic_rows[c]).mean() for c in value_loss},
                 "critic_popart_mu": {c: mu for c, (mu, _) in popart_new.items()},
-                "critic_popart_sigma": {
-                    c: self._popart[c].sigma_of(*moved) for c, moved in popart_new.items()
-                },
+                "critic_popart_sigma": popart_sigma,
                 "vtrace_mean_rho": {k: r.mean() for k, r in rhos.items()},
                 # a relative tolerance keeps float noise of on-policy ratios (1+1e-7) from counting
                 "vtrace_clipped_fraction": {
@@ -1156,28 +1156,30 @@ class Learner:
 
     def _popart_step(
         self, vt: vtrace.VTraceReturns, critic_rows: dict[int, torch.Tensor | None]
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor | float], dict[int, Any]]:
+    ) -> tuple[
+        torch.Tensor, dict[int, torch.Tensor | float], dict[int, Any], dict[int, torch.Tensor]
+    ]:
         """PopArt: each critic's statistics move towards its targets; both losses of its rows
         are then on its normalized scale (advantages / sigma, value loss / sigma^2) with the
-        moved sigma. Returns the advantages, each critic's value-loss scale and its moved
+        moved sigma. Returns the advantages, each critic's value-loss scale, its moved
         statistics ``(mu, nu)``, which the heads take after the backward (:meth:`_backward`):
-        nothing the forward read changes before its gradient is taken."""
+        nothing the forward read changes before its gradient is taken, and its moved sigma."""
         pg_advantages = vt.pg_advantages
         value_loss_scale: dict[int, torch.Tensor | float] = {c: 1.0 for c in critic_rows}
-        popart_new = {}
+        popart_new, popart_sigma = {}, {}
         all_sum = self.group.sum_tensor if self.group is not None else None
         for c, head in self._popart.items():
             rows = critic_rows[c]
             if rows is not None and not bool(rows.any()) and all_sum is None:
                 continue
             popart_new[c] = head.moved_statistics(_rows(vt.vs, rows), all_sum)
-            sigma = head.sigma_of(*popart_new[c])
+            sigma = popart_sigma[c] = head.sigma_of(*popart_new[c])
             if rows is None:
                 pg_advantages = pg_advantages / sigma
             else:
                 pg_advantages = torch.where(rows, pg_advantages / sigma, pg_advantages)
             value_loss_scale[c] = sigma.pow(-2)
-        return pg_advantages, value_loss_scale, popart_new
+        return pg_advantages, value_loss_scale, popart_new, popart_sigma
 
     def _losses(
         self,
