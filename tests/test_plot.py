@@ -129,12 +129,22 @@ def test_learning_diagnostics_are_drawn_for_every_key(runs, tmp_path):
         "critic_grad_norm/0",
     }
     assert labels["V-trace"] == {"vtrace_mean_rho/0", "vtrace_clipped_fraction/0"}
-    assert len(DIAGNOSTIC_PANELS) == 4
+    assert labels["critic"] == {"critic_value/0"}  # no PopArt in this run
+    assert labels["schedules"] == {"learning_rate", "entropy_coef"}
+    assert by_title["schedules"].get_yscale() == "log"
+    assert len(DIAGNOSTIC_PANELS) == 6
     # a structured run's keys each get a line; a run without them says "no data"
     run_dir = tmp_path / "keyed"
     run_dir.mkdir()
     rows = [
-        {"epoch": e, "env_steps": 100 * e, "policy_entropy/left": 1.0, "policy_entropy/right": 0.9}
+        {
+            "epoch": e,
+            "env_steps": 100 * e,
+            "policy_entropy/left": 1.0,
+            "policy_entropy/right": 0.9,
+            "critic_popart_mu/0": 0.5 * e,
+            "critic_popart_sigma/0": 1.0 + e,
+        }
         for e in (1, 2)
     ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -145,4 +155,15 @@ def test_learning_diagnostics_are_drawn_for_every_key(runs, tmp_path):
         "policy_entropy/left",
         "policy_entropy/right",
     ]
+    assert sorted(line.get_label() for line in by_title["critic"].lines) == [
+        "critic_popart_mu/0",
+        "critic_popart_sigma/0",
+    ]
     assert [t.get_text() for t in by_title["V-trace"].texts] == ["no data"]
+    assert by_title["schedules"].get_yscale() == "linear"  # nothing drawn: no log axis
+    # an entropy weight of 0 keeps the schedules on a linear axis, where it can be seen
+    rows = [{"epoch": 1, "env_steps": 100, "learning_rate": 3e-4, "entropy_coef": 0.0}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fig = make_figure({"keyed": load_metrics(run_dir)})
+    by_title = {ax.get_title().split(" (")[0]: ax for ax in fig.axes if ax.get_visible()}
+    assert by_title["schedules"].get_yscale() == "linear"

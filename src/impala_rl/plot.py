@@ -2,7 +2,8 @@
 
 Panels: training and evaluation return against env steps and against wall time, the
 learner's time breakdown (mean share of an update per ``time_*`` event), the estimated queue
-sizes, the policy lag, throughput, and the panels that say why a run does not learn: policy
+sizes, the policy lag, throughput, and the panels that say why a run does not learn: each
+critic's mean value with PopArt's statistics, the learning rate and entropy coefficient, policy
 entropy, the losses, the gradient norms and V-trace's importance weights (every policy or
 critic key of each event). Several runs are overlaid, one colour per run directory.
 matplotlib is imported only when a figure is drawn, and only its Agg canvas is used, so no
@@ -35,12 +36,20 @@ TIME_EVENTS = (
 # Learning diagnostics: panel -> (statistic or ``event/`` prefix, line style). A prefix draws
 # every key of a keyed event (``policy_entropy/0``, ``policy_entropy/left``, ...).
 DIAGNOSTIC_PANELS = {
+    "critic": (
+        ("critic_value/", "-"),
+        ("critic_popart_mu/", "--"),
+        ("critic_popart_sigma/", ":"),
+    ),
+    "schedules": (("learning_rate", "-"), ("entropy_coef", "--")),
     "entropy": (("policy_entropy/", "-"),),
     "losses": (("policy_loss/", "-"), ("critic_value_loss/", "--"), ("total_loss", ":")),
     "gradient norms": (("grad_norm", "-"), ("policy_grad_norm/", "--"), ("critic_grad_norm/", ":")),
     "V-trace": (("vtrace_mean_rho/", "-"), ("vtrace_clipped_fraction/", "--")),
 }
 DIAGNOSTIC_TITLES = {
+    "critic": ("critic (solid: mean value, dashed: PopArt mean, dotted: PopArt scale)", "return"),
+    "schedules": ("schedules (solid: learning rate, dashed: entropy coefficient)", "value"),
     "entropy": ("policy entropy (nats)", "entropy"),
     "losses": ("losses before coefficients (solid: policy, dashed: value, dotted: total)", "loss"),
     "gradient norms": (
@@ -49,6 +58,9 @@ DIAGNOSTIC_TITLES = {
     ),
     "V-trace": ("V-trace (solid: mean rho = pi/mu, dashed: clipped share)", "rho / share"),
 }
+# Panels whose lines may differ by orders of magnitude (a rate of 6e-4 beside a weight of
+# 0.01): drawn on a log axis when every value is positive (an entropy weight of 0 is not).
+DIAGNOSTIC_LOG_SCALE = frozenset({"schedules"})
 
 Rows = list[dict[str, Any]]
 
@@ -161,10 +173,8 @@ def make_figure(runs: dict[str, Rows]) -> Any:
     FigureCanvasAgg(fig)
     axes = fig.subplots(3, 4)
     ax_steps, ax_wall, ax_time, ax_sps = axes[0]
-    ax_queue, ax_lag, ax_unused_a, ax_unused_b = axes[1]
-    diagnostic_axes = dict(zip(DIAGNOSTIC_PANELS, axes[2], strict=True))
-    ax_unused_a.set_visible(False)
-    ax_unused_b.set_visible(False)
+    ax_queue, ax_lag = axes[1][:2]
+    diagnostic_axes = dict(zip(DIAGNOSTIC_PANELS, [*axes[1][2:], *axes[2]], strict=True))
     colors = [f"C{i % 10}" for i in range(len(runs))]
     scale, unit = _time_scale(runs)
 
@@ -231,8 +241,10 @@ def make_figure(runs: dict[str, Rows]) -> Any:
             for panel, ax in diagnostic_axes.items()
         },
     }
-    for ax_unused in (ax_unused_a, ax_unused_b):
-        drawn.pop(ax_unused)
+    for panel in DIAGNOSTIC_LOG_SCALE:
+        ys = [y for line in diagnostic_axes[panel].lines for y in line.get_ydata()]
+        if ys and min(ys) > 0:
+            diagnostic_axes[panel].set_yscale("log")
     for ax, (title, xlabel, ylabel) in titles.items():
         ax.set_title(title, fontsize=9)
         ax.set_xlabel(xlabel)
