@@ -36,6 +36,33 @@ def test_which_spaces_become_entries():
     assert observation_entries(text, entries=False) is None
 
 
+def test_a_tuple_envs_policy_acts_on_its_tuples_and_on_the_models_vectors():
+    """Blackjack's ``Tuple`` of Discretes, as the env returns it (one tuple, or a list of
+    them) and as ``policy.env_factory()`` gives it (the model's one-hot vector): the same
+    actions. The vector was once taken for a tuple and failed to flatten."""
+    from impala_rl.policy import Policy
+
+    cfg = load_config("cartpole", ["env.id=Blackjack-v1"])
+    factory = EnvFactory.of(cfg.env)
+    env = factory()
+    torch.manual_seed(0)
+    policy = Policy(build_model_for_env(cfg.model, env, cfg.env.observation_entries), factory, cfg)
+    raw_env = gym.make("Blackjack-v1")
+    raws, vectors = [], []
+    for seed in range(8):
+        raws.append(raw_env.reset(seed=seed)[0])
+        vectors.append(env.reset(seed=seed)[0])
+    assert isinstance(raws[0], tuple) and vectors[0].shape == (45,)
+    from_raw = [int(policy.act(o, deterministic=True)) for o in raws]
+    assert from_raw == [int(policy.act(v, deterministic=True)) for v in vectors]
+    assert policy.act(raws, deterministic=True).tolist() == from_raw
+    assert policy.act(np.stack(vectors), deterministic=True).tolist() == from_raw
+    with pytest.raises(ValueError, match="Policy.act takes one observation"):
+        policy.act((1, 2), deterministic=True)  # two of the three entries
+    env.close()
+    raw_env.close()
+
+
 def test_a_tuple_with_an_image_is_read_by_a_cnn_and_a_text_as_words():
     env = EnvFactory("dict_envs:make_tuple_image_env")()
     assert env.observation_space["0"] == spaces.Box(0, 255, (3, 8, 8), np.uint8)

@@ -261,7 +261,15 @@ def _fits(obs: Any, space: Any, batch_dims: int) -> bool:
         if batch_dims == 0:
             return isinstance(obs, str)
         return np.ndim(obs) == 1 and all(isinstance(x, str) for x in obs)
-    if space.shape is None:  # a Tuple space: one observation
+    if isinstance(space, gymnasium.spaces.Tuple):  # a tuple (or list) of its entries
+        if batch_dims:
+            return isinstance(obs, list | tuple) and all(_fits(row, space, 0) for row in obs)
+        return (
+            isinstance(obs, list | tuple)
+            and len(obs) == len(space.spaces)
+            and all(_fits(o, s, 0) for o, s in zip(obs, space.spaces, strict=True))
+        )
+    if space.shape is None:  # another space without a shape (a Sequence): one observation
         return batch_dims == 0
     discrete = (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete)
     if isinstance(space, discrete) and np.asarray(obs).dtype.kind not in "iub":
