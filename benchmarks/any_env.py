@@ -8,10 +8,12 @@ budget, timed from the process's start to its exit:
 - **SB3**: ``PPO(policy, env, seed=S).learn(N)`` with SB3's defaults, the policy its docs name
   for the observation (``MlpPolicy``, ``CnnPolicy`` for images, ``MultiInputPolicy`` for a
   Dict), on the env with the wrapper its users put there where SB3 needs one to run at all
-  (MiniGrid: ``FlatObsWrapper``, RL-Zoo's).
+  (MiniGrid: ``FlatObsWrapper``, RL-Zoo's; a Tuple such as Blackjack's: Gymnasium's
+  ``FlattenObservation``).
 
 Then the final policy of each run plays its env's number of deterministic episodes (20;
-FrozenLake 1,000, where one of 20 would be 0.05; ``--episodes`` for all) on fresh envs with
+FrozenLake 1,000, where one of 20 would be 0.05; Blackjack 10,000 hands, whose exact returns
+``blackjack_exact.py`` gives; ``--episodes`` for all) on fresh envs with
 the same seeds for both (its score: the mean return). The table gives, per env, the
 median over seeds of the score and of the wall time of each library and the ratios
 (impala-rl / SB3). Everything lands in ``OUT/results.json`` as it finishes (commands started
@@ -66,7 +68,7 @@ class Env:
     env_id: str
     steps: int
     sb3_policy: str = "MlpPolicy"
-    sb3_wrapper: str | None = None  # "minigrid_flat"
+    sb3_wrapper: str | None = None  # "minigrid_flat", "flatten" (a Tuple SB3 refuses)
     tuned: bool = False
     kind: str = ""
     episodes: int = 20
@@ -123,6 +125,13 @@ ENVS: dict[str, Env] = {
         "FrozenLake-v1", 100_000, kind="toy text, slippery ice (Discrete)", episodes=1000
     ),
     "cliffwalking": Env("CliffWalking-v1", 100_000, kind="toy text, a cliff (Discrete)"),
+    "blackjack": Env(  # a hand's return is -1, 0 or 1 (1.5 never: natural=False): many hands
+        "Blackjack-v1",
+        100_000,
+        sb3_wrapper="flatten",
+        kind="toy text, a Tuple of Discretes",
+        episodes=10_000,
+    ),
     "breakout-ram": Env(  # SB3: gym.make("ALE/Breakout-v5", obs_type="ram"), as its users write it
         "ALE/Breakout-ram-v5", 500_000, kind="an ALE game's RAM (128 bytes)", episodes=10
     ),
@@ -184,6 +193,8 @@ def make_env(spec: Env, for_sb3: bool) -> Any:
         from minigrid.wrappers import FlatObsWrapper
 
         env = FlatObsWrapper(env)
+    if for_sb3 and spec.sb3_wrapper == "flatten":  # SB3 refuses a Tuple observation
+        env = gym.wrappers.FlattenObservation(env)
     return env
 
 
