@@ -59,6 +59,8 @@ def test_a_tuple_envs_policy_acts_on_its_tuples_and_on_the_models_vectors():
     assert policy.act(np.stack(vectors), deterministic=True).tolist() == from_raw
     with pytest.raises(ValueError, match="Policy.act takes one observation"):
         policy.act((1, 2), deterministic=True)  # two of the three entries
+    with pytest.raises(ValueError, match="Policy.act takes one observation"):
+        policy.act([], deterministic=True)  # a batch of no hands
     env.close()
     raw_env.close()
 

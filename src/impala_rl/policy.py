@@ -263,7 +263,8 @@ def _fits(obs: Any, space: Any, batch_dims: int) -> bool:
         return np.ndim(obs) == 1 and all(isinstance(x, str) for x in obs)
     if isinstance(space, gymnasium.spaces.Tuple):  # a tuple (or list) of its entries
         if batch_dims:
-            return isinstance(obs, list | tuple) and all(_fits(row, space, 0) for row in obs)
+            rows = isinstance(obs, list | tuple) and len(obs) > 0
+            return rows and all(_fits(row, space, 0) for row in obs)
         return (
             isinstance(obs, list | tuple)
             and len(obs) == len(space.spaces)
