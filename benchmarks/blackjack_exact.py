@@ -63,7 +63,7 @@ def expected_return(act: Act | None) -> float:
         total = _total(cards_sum, ace)
         if total > 21:
             return -1.0
-        usable = ace and cards_sum + 10 <= 21
+        usable = total != cards_sum  # an ace counted as 11
 
         def hit() -> float:
             return sum(
